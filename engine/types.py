@@ -1,0 +1,83 @@
+"""Plain data the engine takes and gives: requests in, token chunks out.
+
+The engine never sees a protocol: the proxy renders the chat template into prompt
+token ids and maps these chunks onto its wire format.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Literal
+
+# Provenance of an emitted token. `sampled` came from the row's sampler; the others
+# were supplied by a proposer (see DESIGN.md, Engine vocabulary).
+TokenKind = Literal["sampled", "strict", "echo", "ngram", "draft", "jump", "scripted"]
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+_ids = itertools.count(1)
+
+
+@dataclass
+class SamplingParams:
+    """Per-row sampler settings. temperature 0 means greedy (argmax)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class GenerationRequest:
+    """One completion to run: prompt token ids plus how to sample and when to stop."""
+
+    prompt: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int = 256
+    stop: list[str] = field(default_factory=list)
+    # Token ids that end the row (the tokenizer's EOS ids are added by the engine).
+    stop_token_ids: list[int] = field(default_factory=list)
+    request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
+
+
+@dataclass
+class Timings:
+    """Seconds; measured on the engine thread."""
+
+    queued_s: float = 0.0  # submit -> first forward that touched the row
+    prefill_s: float = 0.0  # wall spent in forwards that consumed prompt tokens
+    decode_s: float = 0.0  # first generated token -> last generated token
+    rounds: int = 0  # decode rounds the row took part in
+
+
+@dataclass
+class TokenChunk:
+    """What a row emits after a round: new token ids, their provenance and the text.
+
+    `text` is the detokenized delta that is safe to show: text that could still turn
+    into a stop string is held back, and the stop string itself is never emitted.
+    The last chunk of a row has `finish_reason` set (and may carry no tokens).
+    """
+
+    tokens: list[int]
+    kinds: list[TokenKind]
+    text: str
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    timings: Timings | None = None
+
+
+class EngineError(RuntimeError):
+    """A request the engine cannot run (bad parameters, prompt too long)."""
