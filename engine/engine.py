@@ -1,0 +1,175 @@
+"""The Engine: owns the model, runs the scheduler on a thread of its own, and
+streams each request's tokens to asyncio consumers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+import mlx.core as mx
+
+from .blas import blas_info
+from .model_runner import ModelRunner
+from .row import Row
+from .sampler import RowSampler
+from .scheduler import Scheduler, SchedulerConfig
+from .types import EngineError, GenerationRequest, TokenChunk
+
+log = logging.getLogger("jumpahead.engine")
+
+
+@dataclass
+class EngineConfig:
+    max_batch: int = 8
+    prefill_chunk: int = 512
+    prefill_chunk_busy: int = 128
+
+
+class Engine:
+    def __init__(self, model: Any, tokenizer: Any, info: Any, config: EngineConfig | None = None):
+        self.config = config or EngineConfig()
+        if self.config.max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.info = info
+        self.runner = ModelRunner(model)
+        self.context_length = self.runner.context_length
+        self.scheduler = Scheduler(
+            self.runner,
+            SchedulerConfig(
+                self.config.max_batch, self.config.prefill_chunk, self.config.prefill_chunk_busy
+            ),
+        )
+        self.started_at = time.time()
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="jumpahead-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def load(
+        cls,
+        model: str | None = None,
+        config: EngineConfig | None = None,
+        progress: Callable[[str], None] = print,
+    ) -> "Engine":
+        """Load a model (None = the embedded default) and start the engine thread."""
+        from .loader import load_model
+
+        m, tok, info = load_model(model, progress=progress)
+        return cls(m, tok, info, config)
+
+    # --- engine thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        # MLX streams are per thread: give the engine thread its own on the default device.
+        with mx.stream(mx.new_stream(mx.default_device())):
+            while not self._closed:
+                try:
+                    busy = self.scheduler.step()
+                except Exception as exc:  # a bug: fail the rows, keep serving
+                    log.error("engine step failed:\n%s", traceback.format_exc())
+                    self.scheduler.fail_all(f"engine error: {type(exc).__name__}: {exc}")
+                    busy = False
+                if not busy:
+                    self._wake.wait(timeout=0.25)
+                    self._wake.clear()
+
+    # --- any thread ----------------------------------------------------------------------
+    def validate(self, req: GenerationRequest) -> None:
+        if not req.prompt:
+            raise EngineError("the prompt renders to no tokens")
+        vocab = self.info.vocab_size if hasattr(self.info, "vocab_size") else None
+        if vocab and any(t < 0 or t >= vocab for t in req.prompt):
+            raise EngineError("prompt token id out of the vocabulary range")
+        if len(req.prompt) >= self.context_length:
+            raise EngineError(
+                f"prompt is {len(req.prompt)} tokens; this model's context is "
+                f"{self.context_length} tokens"
+            )
+        if req.max_tokens < 1:
+            raise EngineError("max_tokens must be at least 1")
+        s = req.sampling
+        if s.temperature < 0 or not 0 < s.top_p <= 1 or s.top_k < 0 or not 0 <= s.min_p <= 1:
+            raise EngineError("invalid sampling parameters (temperature >= 0, 0 < top_p <= 1, top_k >= 0, 0 <= min_p <= 1)")
+        if s.repetition_penalty <= 0:
+            raise EngineError("repetition_penalty must be > 0")
+
+    def _make_row(self, req: GenerationRequest, emit: Callable[[TokenChunk], None]) -> Row:
+        seed = req.sampling.seed if req.sampling.seed is not None else secrets.randbits(63)
+        stop_ids = set(self.tokenizer.eos_token_ids) | set(req.stop_token_ids)
+        return Row(
+            req=req,
+            sampler=RowSampler(req.sampling, seed, req.prompt),
+            emit=emit,
+            detokenizer=self.tokenizer.detokenizer,
+            stop_ids=stop_ids,
+            max_tokens=min(req.max_tokens, self.context_length - len(req.prompt)),
+        )
+
+    async def stream(self, req: GenerationRequest) -> AsyncIterator[TokenChunk]:
+        """Run `req`; yield its chunks. Leaving early cancels the row and frees it."""
+        self.validate(req)
+        if self._closed:
+            raise EngineError("engine is shut down")
+        loop = asyncio.get_running_loop()
+        chunks: asyncio.Queue[TokenChunk] = asyncio.Queue()
+        row = self._make_row(req, lambda c: loop.call_soon_threadsafe(chunks.put_nowait, c))
+        self.scheduler.submit(row)
+        self._wake.set()
+        finished = False
+        try:
+            while True:
+                chunk = await chunks.get()
+                if chunk.finish_reason is not None:
+                    finished = True
+                yield chunk
+                if finished:
+                    return
+        finally:
+            if not finished:
+                row.cancelled = True
+                self._wake.set()
+
+    def generate_sync(self, req: GenerationRequest) -> list[TokenChunk]:
+        """Blocking convenience for scripts and benches: run one request to the end."""
+        import queue as _q
+
+        out: _q.SimpleQueue[TokenChunk] = _q.SimpleQueue()
+        self.validate(req)
+        self.scheduler.submit(self._make_row(req, out.put))
+        self._wake.set()
+        chunks = []
+        while True:
+            c = out.get()
+            chunks.append(c)
+            if c.finish_reason is not None:
+                return chunks
+
+    def health(self) -> dict[str, Any]:
+        s = self.scheduler
+        return {
+            "status": "ok" if self._thread.is_alive() else "engine thread stopped",
+            "model": getattr(self.info, "name", None),
+            "device": str(mx.default_device()),
+            "blas": blas_info(),
+            "max_batch": self.config.max_batch,
+            "context_length": self.context_length,
+            "rows_running": len(s.running),
+            "rows_waiting": len(s.waiting) + s.inbox.qsize(),
+            "uptime_s": round(time.time() - self.started_at, 1),
+        }
+
+    def metrics(self) -> dict[str, Any]:
+        return dict(self.scheduler.counters)
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        self._thread.join(timeout=10)

@@ -1,0 +1,59 @@
+"""One forward of an mlx-lm model over a RowKVCache, with logits only where needed.
+
+mlx-lm's `Model.__call__` projects every position onto the vocabulary; a 512-token
+prefill chunk would spend more time in that projection than it saves. For model
+classes whose head is a plain projection of the final hidden state we run the trunk
+(`model.model`) and project only the positions a caller asks for; any other model
+class runs whole and we slice its logits.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .row_cache import RowKVCache
+
+# model_type values whose Model.__call__ is exactly `head(self.model(...))`.
+_PLAIN_HEAD = {"llama", "qwen2", "qwen3", "mistral", "phi3", "granite", "olmo2", "smollm3"}
+
+
+class ModelRunner:
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.n_layers = len(model.layers)
+        args = getattr(model, "args", None)
+        model_type = getattr(args, "model_type", None)
+        self.split = model_type in _PLAIN_HEAD and hasattr(model, "model")
+        if self.split and getattr(args, "tie_word_embeddings", False) and not hasattr(model, "lm_head"):
+            self.head = model.model.embed_tokens.as_linear
+        elif self.split and hasattr(model, "lm_head"):
+            self.head = model.lm_head
+        else:
+            self.split = False
+        self.context_length = int(getattr(args, "max_position_embeddings", None) or 32768)
+
+    def new_cache(self) -> RowKVCache:
+        return RowKVCache(self.n_layers)
+
+    def forward(
+        self,
+        tokens: list[list[int]],
+        cache: RowKVCache,
+        positions: slice | None = slice(-1, None),
+    ) -> mx.array | None:
+        """Run rows' tokens (equal widths) at their cache ends; return lazy logits.
+
+        `positions` selects which of the W positions get logits ([B, n, V]);
+        None asks for none (prefill chunks that only fill the cache).
+        """
+        width = len(tokens[0])
+        cache.begin(width)
+        inputs = mx.array(tokens, dtype=mx.int32)
+        if self.split:
+            hidden = self.model.model(inputs, cache=cache.layers)
+            if positions is None:
+                return None
+            return self.head(hidden[:, positions, :])
+        logits = self.model(inputs, cache=cache.layers)
+        return None if positions is None else logits[:, positions, :]

@@ -1,0 +1,135 @@
+"""A Row: one running request, its committed tokens, sampler, and output stream."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .row_cache import RowKVCache
+from .sampler import RowSampler
+from .types import FinishReason, GenerationRequest, Timings, TokenChunk, TokenKind
+
+
+@dataclass
+class StopText:
+    """Streams detokenized text, holding back what could still become a stop string."""
+
+    stops: list[str]
+    sent: int = 0  # characters of the text already emitted
+    hit: bool = False
+
+    def take(self, text: str, final: bool) -> str:
+        """The newly safe part of `text` (the whole text so far)."""
+        if self.hit:
+            return ""
+        if self.stops:
+            start = max(0, self.sent - max(len(s) for s in self.stops) + 1)
+            found = [i for i in (text.find(s, start) for s in self.stops) if i >= 0]
+            if found:
+                self.hit = True
+                cut = min(found)
+                out = text[self.sent : cut] if cut > self.sent else ""
+                self.sent = max(self.sent, cut)
+                return out
+            if not final:
+                hold = max((self._held(text, s) for s in self.stops), default=0)
+                end = max(self.sent, len(text) - hold)
+                out, self.sent = text[self.sent : end], end
+                return out
+        out, self.sent = text[self.sent :], len(text)
+        return out
+
+    @staticmethod
+    def _held(text: str, stop: str) -> int:
+        """Length of the longest suffix of `text` that is a proper prefix of `stop`."""
+        for n in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:n]):
+                return n
+        return 0
+
+
+@dataclass
+class Row:
+    req: GenerationRequest
+    sampler: RowSampler
+    emit: Callable[[TokenChunk], None]
+    detokenizer: object
+    stop_ids: set[int]
+    max_tokens: int
+    prefilled: int = 0  # prompt tokens already in the cache
+    prefill_cache: RowKVCache | None = None  # private cache until the row joins the group
+    pending: int | None = None  # next input token: committed, not yet in the cache
+    output: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    cancelled: bool = False
+    timings: Timings = field(default_factory=Timings)
+    submitted_at: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+    def __post_init__(self) -> None:
+        self.stop_text = StopText(list(self.req.stop))
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.req.prompt
+
+    @property
+    def position(self) -> int:
+        """Absolute position of the next token to be chosen."""
+        return len(self.req.prompt) + len(self.output)
+
+    def commit(self, tokens: list[int], kinds: list[TokenKind]) -> None:
+        """Append chosen tokens, apply EOS/stop/length, and emit one chunk."""
+        now = time.perf_counter()
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.last_token_at = now
+        taken: list[int] = []
+        taken_kinds: list[TokenKind] = []
+        for tok, kind in zip(tokens, kinds):
+            taken.append(tok)
+            taken_kinds.append(kind)
+            self.output.append(tok)
+            self.sampler.observe(tok)
+            if tok in self.stop_ids:
+                self.finish_reason = "stop"
+                break
+            self.detokenizer.add_token(tok)
+            if self.req.stop:
+                # A stop string can end inside this token: check before taking more.
+                probe = StopText(self.stop_text.stops, self.stop_text.sent)
+                probe.take(self.detokenizer.text, final=False)
+                if probe.hit:
+                    self.finish_reason = "stop"
+                    break
+            if len(self.output) >= self.max_tokens:
+                self.finish_reason = "length"
+                break
+        self.pending = None if self.finish_reason else taken[-1]
+        self._emit(taken, taken_kinds)
+
+    def finish(self, reason: FinishReason, error: str | None = None) -> None:
+        """End the row from outside (cancel, error) and emit the terminal chunk."""
+        if self.finish_reason is not None and reason != "error":
+            return
+        self.finish_reason = reason
+        self._emit([], [], error=error)
+
+    def _emit(self, tokens: list[int], kinds: list[TokenKind], error: str | None = None) -> None:
+        final = self.finish_reason is not None
+        if final and not self.stop_text.hit:
+            self.detokenizer.finalize()  # flush bytes held for an incomplete character
+        text = self.stop_text.take(self.detokenizer.text, final=final)
+        chunk = TokenChunk(tokens=tokens, kinds=kinds, text=text)
+        if final:
+            t = self.timings
+            if self.first_token_at is not None and self.last_token_at is not None:
+                t.decode_s = self.last_token_at - self.first_token_at
+            chunk.finish_reason = self.finish_reason
+            chunk.error = error
+            chunk.prompt_tokens = len(self.req.prompt)
+            chunk.completion_tokens = len(self.output)
+            chunk.timings = t
+        self.emit(chunk)
