@@ -75,7 +75,10 @@ class Engine:
                     busy = self.scheduler.step()
                 except Exception as exc:  # a bug: fail the rows, keep serving
                     log.error("engine step failed:\n%s", traceback.format_exc())
-                    self.scheduler.fail_all(f"engine error: {type(exc).__name__}: {exc}")
+                    try:
+                        self.scheduler.fail_all(f"engine error: {type(exc).__name__}: {exc}")
+                    except Exception:
+                        log.error("recovery failed:\n%s", traceback.format_exc())
                     busy = False
                 if not busy:
                     self._wake.wait(timeout=0.25)
@@ -120,7 +123,13 @@ class Engine:
             raise EngineError("engine is shut down")
         loop = asyncio.get_running_loop()
         chunks: asyncio.Queue[TokenChunk] = asyncio.Queue()
-        row = self._make_row(req, lambda c: loop.call_soon_threadsafe(chunks.put_nowait, c))
+        def emit(chunk: TokenChunk) -> None:
+            try:
+                loop.call_soon_threadsafe(chunks.put_nowait, chunk)
+            except RuntimeError:  # the consumer's event loop is gone: nobody is listening
+                row.cancelled = True
+
+        row = self._make_row(req, emit)
         self.scheduler.submit(row)
         self._wake.set()
         finished = False

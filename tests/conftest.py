@@ -1,0 +1,36 @@
+"""Shared fixtures: the real default model, loaded once per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import jumpahead.engine  # noqa: F401  (loads OpenBLAS before mlx)
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+def shared_path(*parts: str) -> Path:
+    """A path under ../shared, skipping the test with a clear reason if it is absent."""
+    p = SHARED.joinpath(*parts)
+    if not p.exists():
+        pytest.skip(f"{p} is absent: these tests read the project's shared fixtures from ../shared")
+    return p
+
+
+@pytest.fixture(scope="session")
+def loaded_model():
+    from jumpahead.engine.loader import load_model
+
+    return load_model(None, progress=lambda s: None)
+
+
+@pytest.fixture(scope="session")
+def engine(loaded_model):
+    from jumpahead.engine.engine import Engine, EngineConfig
+
+    model, tokenizer, info = loaded_model
+    eng = Engine(model, tokenizer, info, EngineConfig(max_batch=8))
+    yield eng
+    eng.close()
