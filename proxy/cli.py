@@ -1,0 +1,46 @@
+"""The `jumpahead` command line: one subcommand per job, each in its own module.
+
+A command module exposes `add_arguments(parser)` and `run(args) -> int` and keeps
+heavy imports (mlx, the engine, the web stack) inside `run`, so `jumpahead --help`
+and argument errors are instant. Only the module of the command being run is imported.
+To add a command, add a line to COMMANDS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("jumpahead.proxy.serve", "run the model server (OpenAI-compatible API)"),
+}
+
+
+def build_parser(load: str | None = None) -> argparse.ArgumentParser:
+    """The parser; `load` names the one command whose arguments are added ("" none, None all)."""
+    parser = argparse.ArgumentParser(
+        prog="jumpahead",
+        description="A local model server for coding agents.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        if load is None or load == name:
+            importlib.import_module(module).add_arguments(command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    first = next((a for a in argv if not a.startswith("-")), "")
+    parser = build_parser(first if first in COMMANDS else "")
+    args = parser.parse_args(argv)
+    module = importlib.import_module(COMMANDS[args.command][0])
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

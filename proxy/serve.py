@@ -1,0 +1,63 @@
+"""`jumpahead serve`: load the model and serve it over HTTP with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import sys
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, metavar="PATH_OR_ID",
+                        help="an mlx-lm model folder or hub id (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port to bind (default: 8000)")
+    parser.add_argument("--max-batch", type=_positive, default=8, help="rows decoded together (default: 8)")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="log level (default: info)")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("jumpahead.serve")
+    if not _is_loopback(args.host):
+        log.warning("binding %s: anyone who can reach this address can use the model", args.host)
+
+    import jumpahead.engine  # noqa: F401  (loads OpenBLAS before mlx)
+    from jumpahead.engine.engine import Engine, EngineConfig
+
+    try:
+        engine = Engine.load(args.model, EngineConfig(max_batch=args.max_batch), progress=log.info)
+    except Exception as exc:
+        print(f"jumpahead: cannot load model {args.model or '(default)'}: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+        return 2
+
+    import uvicorn
+
+    from .server import create_app
+
+    try:
+        uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level=args.log_level,
+                    timeout_graceful_shutdown=5)
+    finally:
+        engine.close()
+    return 0

@@ -1,0 +1,228 @@
+"""The HTTP server: routes, shared engine state, error mapping.
+
+`create_app(engine)` builds the Starlette app; `jumpahead serve` runs it with uvicorn.
+Every answer is JSON (or SSE for streams); bad input is a 4xx, and no request can stop
+the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from . import sse
+from .errors import APIError, error_body, invalid_request, not_found, server_error
+from .openai_chat import ChatStream, chat_completion, completion_id, parse_chat_request
+from .runner import PreparedTurn, complete_turn, prepare_turn_async, stream_turn
+
+log = logging.getLogger("jumpahead.proxy")
+T = TypeVar("T")
+
+
+class JSONResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+def _error_response(exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def _engine(request: Request) -> Any:
+    return request.app.state.engine
+
+
+def _stats(request: Request) -> Counter[str]:
+    return request.app.state.stats
+
+
+def _model_name(engine: Any) -> str:
+    info = getattr(engine, "info", None)
+    return str(getattr(info, "name", None) or "jumpahead")
+
+
+async def read_json(request: Request) -> Any:
+    """The request body as JSON; 400 when it is not JSON."""
+    try:
+        raw = await request.body()
+    except ClientDisconnect:
+        raise invalid_request("the client disconnected while sending the body") from None
+    if not raw.strip():
+        raise invalid_request("the request body is empty; expected a JSON object")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise invalid_request(f"the request body is not valid JSON: {exc}") from None
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """Run `work`; cancel it and return None if the client goes away first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
+# --- /v1/chat/completions ----------------------------------------------------------
+
+
+async def chat_completions(request: Request) -> Response:
+    engine = _engine(request)
+    stats = _stats(request)
+    body = await read_json(request)
+    turn = parse_chat_request(body, getattr(getattr(engine, "info", None), "vocab_size", None))
+    prepared = await prepare_turn_async(engine, turn)
+    model = turn.model or _model_name(engine)
+    cid = completion_id()
+    if turn.stream:
+        encoder = ChatStream(id=cid, model=model, include_usage=turn.include_usage)
+        return sse.response(_chat_sse(engine, prepared, encoder, stats))
+    out = await unless_disconnected(request, complete_turn(engine, prepared, stats))
+    if out is None:
+        stats["client_disconnects"] += 1
+        return Response(status_code=499)  # nobody reads it
+    if out.finish_reason in ("error", "cancelled"):
+        raise server_error(out.error or f"generation {out.finish_reason}")
+    return JSONResponse(chat_completion(out, id=cid, model=model))
+
+
+async def _chat_sse(engine: Any, prepared: PreparedTurn, encoder: ChatStream, stats: Counter[str]) -> AsyncIterator[bytes]:
+    """The SSE body. Always ends with `data: [DONE]`, also after an error."""
+    stats["streams_started"] += 1
+    try:
+        yield sse.data(encoder.start())
+        async with contextlib.aclosing(stream_turn(engine, prepared, stats)) as events:
+            async for event in events:
+                for chunk in encoder.encode(event):
+                    yield sse.data(chunk)
+    except Exception as exc:  # a fault mid-stream: tell the client, end the stream properly
+        log.exception("stream failed")
+        stats["stream_errors"] += 1
+        yield sse.data(error_body(f"{type(exc).__name__}: {exc}", type="server_error"))
+    except BaseException:  # cancelled: the client went away; the engine row is freed
+        stats["client_disconnects"] += 1
+        raise
+    yield sse.DONE
+
+
+# --- models, health, metrics ---------------------------------------------------------
+
+
+def _model_card(engine: Any, model_id: str | None = None) -> dict[str, Any]:
+    info = getattr(engine, "info", None)
+    card = {
+        "id": model_id or _model_name(engine),
+        "object": "model",
+        "created": int(getattr(engine, "started_at", time.time())),
+        "owned_by": "jumpahead",
+    }
+    context = getattr(engine, "context_length", None)
+    if context:
+        card["context_length"] = context
+    if info is not None and model_id is None:
+        card["root"] = getattr(info, "path", None)
+    return card
+
+
+async def list_models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [_model_card(_engine(request))]})
+
+
+async def get_model(request: Request) -> Response:
+    # One model serves every name a client configures.
+    return JSONResponse(_model_card(_engine(request), request.path_params["model_id"]))
+
+
+async def health(request: Request) -> Response:
+    engine = _engine(request)
+    try:
+        report = dict(engine.health())
+    except Exception as exc:  # health must answer even when the engine is broken
+        report = {"status": f"engine health failed: {exc}"}
+    report.setdefault("status", "ok")
+    status = 200 if report["status"] == "ok" else 503
+    return JSONResponse(report, status_code=status)
+
+
+async def metrics(request: Request) -> Response:
+    engine = _engine(request)
+    return JSONResponse({"engine": engine.metrics(), "server": dict(_stats(request))})
+
+
+# --- errors --------------------------------------------------------------------------
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    _stats(request)[f"http_{exc.status}"] += 1
+    if exc.status >= 500:
+        log.error("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
+    else:
+        log.info("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
+    return _error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        err = not_found(f"no route for {request.method} {request.url.path}")
+    elif exc.status_code == 405:
+        err = APIError(f"method {request.method} is not allowed on {request.url.path}", status=405,
+                       code="method_not_allowed")
+    else:
+        err = APIError(str(exc.detail), status=exc.status_code)
+    return await _api_error(request, err)
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    _stats(request)["http_500"] += 1
+    return _error_response(server_error(f"internal error: {type(exc).__name__}: {exc}"))
+
+
+def create_app(engine: Any) -> Starlette:
+    """The OpenAI-compatible app around a loaded engine (shared by all requests)."""
+    routes = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    app = Starlette(
+        routes=routes,
+        exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _unexpected},
+    )
+    app.state.engine = engine
+    app.state.stats = Counter()
+    return app

@@ -1,0 +1,156 @@
+"""The one internal form of a chat turn, shared by every protocol adapter.
+
+An adapter (OpenAI chat, Anthropic messages, OpenAI responses) translates its request
+into a `Turn` and maps the `OutputEvent`s (or the collected `TurnOutput`) of the model's
+answer back onto its wire format. Nothing here knows a protocol or a tensor.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+from jumpahead.engine.types import SamplingParams
+
+Role = Literal["system", "user", "assistant", "tool"]
+ToolChoiceMode = Literal["auto", "none", "required", "function"]
+TurnFinish = Literal["stop", "length", "tool_calls", "error", "cancelled"]
+
+
+def new_tool_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass
+class ToolCall:
+    """One call of a tool. `arguments` is a JSON text (as OpenAI sends it)."""
+
+    name: str
+    arguments: str = "{}"
+    id: str = field(default_factory=new_tool_call_id)
+    # Problems found while parsing or validating (unknown tool, schema violations).
+    # Reported to logs and traces; the call is still handed to the client.
+    issues: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Message:
+    """A message in normalized chat form: content is plain text (or None)."""
+
+    role: Role
+    content: str | None = None
+    reasoning: str | None = None  # an assistant message's earlier reasoning
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_call_id: str | None = None  # role == "tool": the call it answers
+    name: str | None = None  # the tool's name on a tool message, or a speaker name
+
+
+@dataclass
+class Tool:
+    """A function the model may call; `parameters` is its JSON schema (or None)."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] | None = None
+
+    def as_openai(self) -> dict[str, Any]:
+        """The OpenAI `tools[]` entry, which chat templates and tool parsers expect."""
+        function: dict[str, Any] = {"name": self.name, "description": self.description}
+        function["parameters"] = self.parameters or {"type": "object", "properties": {}}
+        return {"type": "function", "function": function}
+
+
+@dataclass
+class ToolChoice:
+    mode: ToolChoiceMode = "auto"
+    name: str | None = None  # mode == "function": the tool that must be called
+
+
+@dataclass
+class Turn:
+    """One request for the model's next assistant message."""
+
+    messages: list[Message]
+    tools: list[Tool] = field(default_factory=list)
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int | None = None  # None: the server's default
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False  # streaming: send a usage record at the end
+    thinking: bool | None = None  # None: the chat template's default
+    model: str | None = None  # the name the client asked for
+    # Protocol fields kept for traces and policies (e.g. reasoning_effort, metadata).
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tools_enabled(self) -> bool:
+        return bool(self.tools) and self.tool_choice.mode != "none"
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+# --- output events: what the model's answer turns into, in order -----------------
+
+
+@dataclass
+class ReasoningDelta:
+    text: str
+
+
+@dataclass
+class ContentDelta:
+    text: str
+
+
+@dataclass
+class ToolCallDelta:
+    """A complete tool call, the `index`-th of this turn."""
+
+    index: int
+    call: ToolCall
+
+
+@dataclass
+class TurnEnd:
+    """The last event of every turn."""
+
+    finish_reason: TurnFinish
+    usage: Usage
+    error: str | None = None
+
+
+OutputEvent = Union[ReasoningDelta, ContentDelta, ToolCallDelta, TurnEnd]
+
+
+@dataclass
+class TurnOutput:
+    """The whole answer, collected from the events."""
+
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: TurnFinish = "stop"
+    usage: Usage = field(default_factory=Usage)
+    error: str | None = None
+
+    def add(self, event: OutputEvent) -> None:
+        if isinstance(event, ReasoningDelta):
+            self.reasoning += event.text
+        elif isinstance(event, ContentDelta):
+            self.content += event.text
+        elif isinstance(event, ToolCallDelta):
+            self.tool_calls.append(event.call)
+        elif isinstance(event, TurnEnd):
+            self.finish_reason = event.finish_reason
+            self.usage = event.usage
+            self.error = event.error
