@@ -151,7 +151,7 @@ def _message(raw: Any, i: int) -> Message:
     param = f"messages[{i}]"
     raw = _object(raw, param)
     role = raw.get("role")
-    if role not in _ROLES:
+    if not isinstance(role, str) or role not in _ROLES:
         raise invalid_request(
             f"{param}.role must be one of {', '.join(_ROLES)}, got {role!r}", param=f"{param}.role"
         )

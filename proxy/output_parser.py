@@ -67,7 +67,8 @@ class ToolCallValidator:
             validator = self._validator(tool)
             errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
         except Exception as exc:  # a schema jsonschema cannot use: report, go on
-            return [f"schema of {name!r} not checkable: {exc}"]
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            return [f"schema of {name!r} not checkable: {first_line}"]
         return [f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in errors[:_MAX_ISSUES]]
 
     def _validator(self, tool: Tool) -> Any:

@@ -82,6 +82,9 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
     watcher = asyncio.ensure_future(_wait_disconnect(request))
     try:
         done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this handler was cancelled (shutdown): stop the work too
+        task.cancel()
+        raise
     finally:
         watcher.cancel()
     if task in done:

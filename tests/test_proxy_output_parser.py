@@ -185,3 +185,21 @@ def test_ids_are_unique_and_arguments_are_json(tokenizer):
     ids = {c.id for c in parser.tool_calls}
     assert len(ids) == 3 and all(i.startswith("call_") for i in ids)
     assert all(orjson.loads(c.arguments) == {"command": "ls"} for c in parser.tool_calls)
+
+
+FRAGMENTS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<", "</", "tool_call", ">", "\n", " ", "  ",
+             "text", '{"name": "bash", "arguments": {"command": "ls"}}', '{"name": "write", "arguments": {}}',
+             '{"name": 1}', "{", "}", '"', "\u00e9\u4e16", "<think", "</tool"]
+
+
+@pytest.mark.parametrize("in_reasoning", [False, True])
+def test_random_fragments_are_chunking_invariant(tokenizer, in_reasoning):
+    rng = random.Random(1234)
+    for _ in range(150):
+        text = "".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(0, 14)))
+        results = [run(make_parser(tokenizer, in_reasoning=in_reasoning), chunks)
+                   for chunks in chunkings(text, [text]).values()]
+        assert all(r == results[0] for r in results), text
+        reasoning, content, calls = results[0]
+        # nothing is lost but markers and layout whitespace
+        assert len(reasoning) + len(content) <= len(text)
