@@ -29,6 +29,8 @@ class EngineConfig:
     max_batch: int = 8
     prefill_chunk: int = 512
     prefill_chunk_busy: int = 128
+    max_proposal: int = 16
+    default_methods: tuple[str, ...] = ()
 
 
 class Engine:
@@ -44,9 +46,13 @@ class Engine:
         self.scheduler = Scheduler(
             self.runner,
             SchedulerConfig(
-                self.config.max_batch, self.config.prefill_chunk, self.config.prefill_chunk_busy
+                self.config.max_batch,
+                self.config.prefill_chunk,
+                self.config.prefill_chunk_busy,
+                self.config.max_proposal,
             ),
         )
+        self.draft = None  # DraftModel, set by attach_draft
         self.started_at = time.time()
         self._wake = threading.Event()
         self._closed = False
@@ -96,6 +102,11 @@ class Engine:
                 f"prompt is {len(req.prompt)} tokens; this model's context is "
                 f"{self.context_length} tokens"
             )
+        for name in req.methods:
+            if name not in ("echo", "ngram", "draft", "strict", "none", "off"):
+                raise EngineError(f"unknown proposal method {name!r} (known: echo, ngram, draft, strict)")
+            if name == "draft" and self.draft is None:
+                raise EngineError("method 'draft' needs a draft model (serve --draft-model)")
         if req.max_tokens < 1:
             raise EngineError("max_tokens must be at least 1")
         s = req.sampling
@@ -108,6 +119,7 @@ class Engine:
         seed = req.sampling.seed if req.sampling.seed is not None else secrets.randbits(63)
         stop_ids = set(self.tokenizer.eos_token_ids) | set(req.stop_token_ids)
         return Row(
+            proposers=self._proposers(req),
             req=req,
             sampler=RowSampler(req.sampling, seed, req.prompt),
             emit=emit,
@@ -115,6 +127,22 @@ class Engine:
             stop_ids=stop_ids,
             max_tokens=min(req.max_tokens, self.context_length - len(req.prompt)),
         )
+
+    def _proposers(self, req: GenerationRequest) -> list:
+        from .echo import EchoProposer, NgramProposer
+
+        known = {"echo": EchoProposer, "ngram": NgramProposer}
+        out = []
+        for name in req.methods or self.config.default_methods:
+            if name == "draft":
+                if self.draft is None:
+                    raise EngineError("method 'draft' needs a draft model (serve --draft-model)")
+                out.append(self.draft.proposer())
+            elif name in known:
+                out.append(known[name]())
+            elif name not in ("strict", "none", "off"):
+                raise EngineError(f"unknown proposal method {name!r} (known: echo, ngram, draft, strict)")
+        return list(req.proposers) + out
 
     async def stream(self, req: GenerationRequest) -> AsyncIterator[TokenChunk]:
         """Run `req`; yield its chunks. Leaving early cancels the row and frees it."""

@@ -31,6 +31,12 @@ class ModelRunner:
             self.head = model.lm_head
         else:
             self.split = False
+        # Our RowKVCache serves attention layers; models whose mlx-lm cache has
+        # recurrent state (ArraysCache) cannot roll back, so they decline verification.
+        make_cache = getattr(model, "make_cache", None)
+        self.trimmable = True
+        if make_cache is not None:
+            self.trimmable = all(type(c).__name__ in ("KVCache", "RotatingKVCache") for c in make_cache())
         self.context_length = int(getattr(args, "max_position_embeddings", None) or 32768)
 
     def new_cache(self) -> RowKVCache:

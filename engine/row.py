@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .proposal import Proposal, ProposalStats, Proposer, RowView
 from .row_cache import RowKVCache
 from .sampler import RowSampler
 from .types import FinishReason, GenerationRequest, Timings, TokenChunk, TokenKind
@@ -67,6 +68,8 @@ class Row:
     submitted_at: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
     last_token_at: float | None = None
+    proposers: list[Proposer] = field(default_factory=list)
+    stats: ProposalStats = field(default_factory=ProposalStats)
 
     def __post_init__(self) -> None:
         self.stop_text = StopText(list(self.req.stop))
@@ -80,6 +83,9 @@ class Row:
         """Absolute position of the next token to be chosen."""
         return len(self.req.prompt) + len(self.output)
 
+    def view(self) -> RowView:
+        return RowView(self.req.prompt + self.output, len(self.req.prompt), self.max_tokens - len(self.output))
+
     def commit(self, tokens: list[int], kinds: list[TokenKind]) -> None:
         """Append chosen tokens, apply EOS/stop/length, and emit one chunk."""
         now = time.perf_counter()
@@ -92,7 +98,7 @@ class Row:
             taken.append(tok)
             taken_kinds.append(kind)
             self.output.append(tok)
-            self.sampler.observe(tok)
+            self.stats.by_kind[kind] = self.stats.by_kind.get(kind, 0) + 1
             if tok in self.stop_ids:
                 self.finish_reason = "stop"
                 break
@@ -132,4 +138,5 @@ class Row:
             chunk.prompt_tokens = len(self.req.prompt)
             chunk.completion_tokens = len(self.output)
             chunk.timings = t
+            chunk.fill = self.stats.as_dict()
         self.emit(chunk)

@@ -18,6 +18,7 @@ import mlx.core as mx
 import numpy as np
 
 from .model_runner import ModelRunner
+from .proposal import Proposal
 from .row import Row
 
 log = logging.getLogger("jumpahead.engine")
@@ -28,6 +29,7 @@ class SchedulerConfig:
     max_batch: int = 8
     prefill_chunk: int = 512  # tokens per prefill forward when nothing else runs
     prefill_chunk_busy: int = 128  # ... while other rows are decoding (bounds their stall)
+    max_proposal: int = 16  # most proposal tokens one row carries into a round
 
 
 class Scheduler:
@@ -113,7 +115,7 @@ class Scheduler:
             mx.eval(row.prefill_cache.arrays())
             row.timings.prefill_s += time.perf_counter() - t0
             return
-        token = self._choose([row], logits[:, 0, :])[0]
+        token = self._pick_first(row, logits[:, 0, :])
         row.timings.prefill_s += time.perf_counter() - t0
         self.waiting.popleft()
         row.commit([token], ["sampled"])
@@ -123,34 +125,119 @@ class Scheduler:
             self.running.append(row)
         row.prefill_cache = None
 
+    def _propose(self, row: Row, limit: int) -> Proposal | None:
+        """Ask the row's proposers in order; the first non-empty proposal wins."""
+        if not row.proposers or limit <= 0:
+            return None
+        t0 = time.perf_counter()
+        view = row.view()
+        budget = min(limit, view.budget - 1)
+        found = None
+        if budget > 0:
+            for proposer in row.proposers:
+                prop = proposer.propose(view, budget)
+                if prop is not None and prop.tokens:
+                    if not prop.asserted and not self.runner.trimmable:
+                        row.stats.declined[proposer.name] = "model cache cannot be rolled back (recurrent layers)"
+                        continue
+                    prop.tokens = prop.tokens[:budget]
+                    prop.proposer = proposer
+                    found = prop
+                    break
+        row.stats.propose_s += time.perf_counter() - t0
+        return found
+
     def _decode_round(self) -> None:
         rows = self.running
-        logits = self.runner.forward([[r.pending] for r in rows], self.group)[:, 0, :]
-        chosen = self._choose(rows, logits)
-        self.group.advance([1] * len(rows))
-        self.counters["forwards"] += 1
-        self.counters["rounds"] += 1
-        self.counters["tokens_sampled"] += len(rows)
+        props = [self._propose(r, self.config.max_proposal) for r in rows]
+        lens = [len(p.tokens) if p else 0 for p in props]
+        width = 1 + max(lens)
+        inputs = [[r.pending] + (p.tokens if p else []) + [0] * (width - 1 - n) for r, p, n in zip(rows, props, lens)]
+        logits = self.runner.forward(inputs, self.group, slice(None) if width > 1 else slice(-1, None))
+        picks = self._choose(rows, props, logits)
+        counts = []
         done = []
-        for i, (row, token) in enumerate(zip(rows, chosen)):
+        for i, (row, prop, (tokens, kinds, consumed)) in enumerate(zip(rows, props, picks)):
             row.timings.rounds += 1
-            row.commit([token], ["sampled"])
+            row.stats.rounds += 1
+            row.stats.forwards += 1
+            counts.append(consumed)
+            row.commit(tokens, kinds)
             if row.finish_reason is not None:
                 done.append(i)
+        self.group.advance(counts)
+        self.counters["forwards"] += 1
+        self.counters["rounds"] += 1
+        self.counters["round_width_sum"] += width
         if done:
             self._retire(done)
 
-    def _choose(self, rows: list[Row], logits: mx.array) -> list[int]:
-        """Each row's token at its next position from logits [B, V]."""
-        argmax = mx.argmax(logits, axis=-1)
+    def _choose(
+        self, rows: list[Row], props: list[Proposal | None], logits: mx.array
+    ) -> list[tuple[list[int], list[str], int]]:
+        """Each row's emitted tokens, their kinds, and how many inputs it consumed.
+
+        logits: [B, W, V]; position i of row b predicts the token after its i-th input.
+        Verified tokens are accepted while the row's sampler, at that absolute position,
+        picks them; asserted tokens are taken as given and the row samples after them.
+        """
+        argmax = mx.argmax(logits, axis=-1)  # [B, W]
         need = [i for i, r in enumerate(rows) if r.sampler.needs_logits]
-        if not need:
+        host = None
+        if need:
+            sub = logits if len(need) == len(rows) else logits[mx.array(need)]
+            mx.eval(argmax, sub)
+            host = np.array(sub.astype(mx.float32), copy=False)
+        else:
             mx.eval(argmax)
-            return argmax.tolist()
-        host_logits = logits if len(need) == len(rows) else logits[mx.array(need)]
-        mx.eval(argmax, host_logits)
-        out = argmax.tolist()
-        host = np.array(host_logits.astype(mx.float32), copy=False)
-        for j, i in enumerate(need):
-            out[i] = rows[i].sampler.pick(host[j], rows[i].position)
+        table = argmax.tolist()
+        where = {b: j for j, b in enumerate(need)}
+        out = []
+        for b, (row, prop) in enumerate(zip(rows, props)):
+            sampler = row.sampler
+            base = row.position  # absolute position of the first token chosen this round
+
+            def pick(i: int) -> int:
+                tok = table[b][i] if host is None or b not in where else sampler.pick(host[where[b]][i], base + i)
+                sampler.observe(tok)
+                return tok
+
+            if prop is None:
+                out.append(([pick(0)], ["sampled"], 1))
+                continue
+            k = len(prop.tokens)
+            if prop.asserted:
+                for t in prop.tokens:
+                    sampler.observe(t)
+                tokens = prop.tokens + [pick(k)]
+                kinds = [prop.kind] * k + ["sampled"]
+                out.append((tokens, kinds, 1 + k))
+                feedback = k
+            else:
+                accepted = 0
+                tokens, kinds = [], []
+                for i in range(k + 1):
+                    tok = pick(i)
+                    if i < k and tok == prop.tokens[i]:
+                        accepted += 1
+                        tokens.append(tok)
+                        kinds.append(prop.kind)
+                        continue
+                    tokens.append(tok)
+                    kinds.append("sampled")
+                    break
+                row.stats.proposed += k
+                row.stats.accepted += accepted
+                row.stats.rejected += k - accepted
+                self.counters["verified_proposed"] += k
+                self.counters["verified_accepted"] += accepted
+                out.append((tokens, kinds, 1 + accepted))
+                feedback = accepted
+            proposer = getattr(prop, "proposer", None)
+            if proposer is not None:
+                proposer.feedback(prop, feedback)
         return out
+
+    def _pick_first(self, row: Row, logits: mx.array) -> int:
+        """The first token after the prompt, from logits [1, V]."""
+        return self._choose([row], [None], logits[:, None, :])[0][0][0]

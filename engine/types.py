@@ -48,6 +48,10 @@ class GenerationRequest:
     # Token ids that end the row (the tokenizer's EOS ids are added by the engine).
     stop_token_ids: list[int] = field(default_factory=list)
     request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
+    # Proposal methods by name ("echo", "ngram", "draft", "strict"); the engine builds
+    # them. `proposers` adds ready-made instances (policies); see engine/proposal.py.
+    methods: list[str] = field(default_factory=list)
+    proposers: list = field(default_factory=list)
 
 
 @dataclass
@@ -77,6 +81,7 @@ class TokenChunk:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     timings: Timings | None = None
+    fill: dict | None = None  # usage.fill telemetry (last chunk): see ProposalStats
 
 
 class EngineError(RuntimeError):

@@ -1,0 +1,73 @@
+"""Proposals: tokens a row carries into a Round besides its pending input token.
+
+`asserted` tokens (strict fill, jump, scripted) are appended without sampling or
+verification; the row samples once after the last of them. `verified` tokens (echo,
+n-gram, draft model) are accepted position by position while the row's own sampler,
+at that position, picks the proposed token; the first disagreement is emitted as
+the sampled token and the rest rolls back (DESIGN.md, Engine vocabulary).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+from .types import TokenKind
+
+ASSERTED_KINDS: frozenset[str] = frozenset({"strict", "jump", "scripted"})
+VERIFIED_KINDS: frozenset[str] = frozenset({"echo", "ngram", "draft"})
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]
+    kind: TokenKind
+    # where the tokens were copied from (absolute positions in the row's sequence)
+    source: tuple[int, int] | None = None
+
+    @property
+    def asserted(self) -> bool:
+        return self.kind in ASSERTED_KINDS
+
+
+@dataclass
+class RowView:
+    """What a proposer may read: the row's whole sequence so far and its budget."""
+
+    tokens: Sequence[int]  # prompt + output (the last one is the pending input token)
+    prompt_len: int
+    budget: int  # most tokens the row may still emit
+
+
+class Proposer(Protocol):
+    """Per-request source of proposals, asked between rounds."""
+
+    name: str
+
+    def propose(self, view: RowView, max_len: int) -> Proposal | None: ...
+
+    def feedback(self, proposal: Proposal, accepted: int) -> None: ...
+
+
+@dataclass
+class ProposalStats:
+    """Telemetry for `usage.fill` and /metrics."""
+
+    by_kind: dict[str, int] = field(default_factory=dict)  # emitted tokens by provenance
+    proposed: int = 0  # verified tokens proposed
+    accepted: int = 0
+    rejected: int = 0
+    rounds: int = 0
+    forwards: int = 0
+    propose_s: float = 0.0
+    declined: dict[str, str] = field(default_factory=dict)  # proposer -> reason
+
+    def as_dict(self) -> dict:
+        return {
+            "tokens": dict(self.by_kind),
+            "verified": {"proposed": self.proposed, "accepted": self.accepted, "rejected": self.rejected},
+            "rounds": self.rounds,
+            "forwards": self.forwards,
+            "propose_ms": round(self.propose_s * 1000, 3),
+            **({"declined": dict(self.declined)} if self.declined else {}),
+        }
