@@ -30,6 +30,7 @@ class EngineConfig:
     prefill_chunk: int = 512
     prefill_chunk_busy: int = 128
     max_proposal: int = 16
+    max_asserted: int = 64
     default_methods: tuple[str, ...] = ()
 
 
@@ -50,6 +51,7 @@ class Engine:
                 self.config.prefill_chunk,
                 self.config.prefill_chunk_busy,
                 self.config.max_proposal,
+                self.config.max_asserted,
             ),
         )
         self.draft = None  # DraftModel, set by attach_draft

@@ -29,7 +29,8 @@ class SchedulerConfig:
     max_batch: int = 8
     prefill_chunk: int = 512  # tokens per prefill forward when nothing else runs
     prefill_chunk_busy: int = 128  # ... while other rows are decoding (bounds their stall)
-    max_proposal: int = 16  # most proposal tokens one row carries into a round
+    max_proposal: int = 16  # most verified proposal tokens one row carries into a round
+    max_asserted: int = 64  # most asserted tokens (strict, jump, scripted) in one round
 
 
 class Scheduler:
@@ -125,10 +126,11 @@ class Scheduler:
             self.running.append(row)
         row.prefill_cache = None
 
-    def _propose(self, row: Row, limit: int) -> Proposal | None:
+    def _propose(self, row: Row) -> Proposal | None:
         """Ask the row's proposers in order; the first non-empty proposal wins."""
-        if not row.proposers or limit <= 0:
+        if not row.proposers:
             return None
+        limit = max(self.config.max_proposal, self.config.max_asserted)
         t0 = time.perf_counter()
         view = row.view()
         budget = min(limit, view.budget - 1)
@@ -140,7 +142,8 @@ class Scheduler:
                     if not prop.asserted and not self.runner.trimmable:
                         row.stats.declined[proposer.name] = "model cache cannot be rolled back (recurrent layers)"
                         continue
-                    prop.tokens = prop.tokens[:budget]
+                    cap = self.config.max_asserted if prop.asserted else self.config.max_proposal
+                    prop.tokens = prop.tokens[: min(budget, cap)]
                     prop.proposer = proposer
                     found = prop
                     break
@@ -149,7 +152,7 @@ class Scheduler:
 
     def _decode_round(self) -> None:
         rows = self.running
-        props = [self._propose(r, self.config.max_proposal) for r in rows]
+        props = [self._propose(r) for r in rows]
         lens = [len(p.tokens) if p else 0 for p in props]
         width = 1 + max(lens)
         inputs = [[r.pending] + (p.tokens if p else []) + [0] * (width - 1 - n) for r, p, n in zip(rows, props, lens)]

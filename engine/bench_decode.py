@@ -1,0 +1,117 @@
+"""`jumpahead bench decode`: our decode speed side by side with mlx-lm's own.
+
+Arms, interleaved (ABAB...) in one process on one loaded model so that machine noise
+hits both alike: single-row decode (ours vs mlx-lm `stream_generate`) and B=4
+aggregate decode (ours vs mlx-lm `BatchGenerator`). Decode throughput is counted in
+the window after every row has its first token, so prefill does not blur it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm import stream_generate
+from mlx_lm.generate import BatchGenerator
+
+from .engine import Engine
+from .types import GenerationRequest
+
+TOPICS = [
+    "the history of the printing press",
+    "how a compiler turns source code into machine code",
+    "why the sky is blue",
+    "the rules of chess for a beginner",
+]
+
+
+def _prompts(tokenizer, n: int) -> list[list[int]]:
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"Write a long, detailed essay about {TOPICS[i % len(TOPICS)]}."}],
+            add_generation_prompt=True,
+        )
+        for i in range(n)
+    ]
+
+
+def _window_tps(stamps: list[list[float]]) -> tuple[float, int]:
+    """Tokens/s over [all rows started, last token], counting tokens inside it."""
+    start = max(s[0] for s in stamps)
+    end = max(s[-1] for s in stamps)
+    n = sum(sum(1 for t in s if t > start) for s in stamps)
+    return (n / (end - start) if end > start else 0.0), n
+
+
+def mlx_single(model, tokenizer, prompt: list[int], n: int) -> float:
+    stamps = [time.perf_counter() for _ in stream_generate(model, tokenizer, prompt, max_tokens=n)]
+    return _window_tps([stamps])[0]
+
+
+def mlx_batch(model, tokenizer, prompts: list[list[int]], n: int) -> float:
+    gen = BatchGenerator(model, stop_tokens=[[t] for t in tokenizer.eos_token_ids])
+    uids = gen.insert(prompts, [n] * len(prompts))
+    stamps: dict[int, list[float]] = {u: [] for u in uids}
+    while responses := gen.next_generated():
+        now = time.perf_counter()
+        for r in responses:
+            stamps[r.uid].append(now)
+    gen.close()
+    return _window_tps(list(stamps.values()))[0]
+
+
+def ours(engine: Engine, prompts: list[list[int]], n: int) -> float:
+    # stop_token_ids=[] and ignore EOS by max length: every arm generates n tokens
+    async def one(p: list[int]) -> list[float]:
+        stamps = []
+        async for chunk in engine.stream(GenerationRequest(prompt=p, max_tokens=n)):
+            if chunk.tokens:
+                stamps.extend([time.perf_counter()] * len(chunk.tokens))
+        return stamps
+
+    async def all_rows() -> list[list[float]]:
+        return await asyncio.gather(*[one(p) for p in prompts])
+
+    return _window_tps(asyncio.run(all_rows()))[0]
+
+
+def run(model_name: str | None = None, tokens: int = 64, repeats: int = 3, batch: int = 4) -> dict[str, Any]:
+    engine = Engine.load(model_name, progress=lambda s: None)
+    model, tokenizer = engine.model, engine.tokenizer
+    single_prompt = _prompts(tokenizer, 1)
+    batch_prompts = _prompts(tokenizer, batch)
+    # warm-up both paths (page in weights, allocate buffers)
+    ours(engine, single_prompt, 8)
+    mlx_single(model, tokenizer, single_prompt[0], 8)
+    res: dict[str, list[float]] = {k: [] for k in ("ours_1", "mlx_1", "ours_b", "mlx_b")}
+    for _ in range(repeats):
+        res["ours_1"].append(ours(engine, single_prompt, tokens))
+        res["mlx_1"].append(mlx_single(model, tokenizer, single_prompt[0], tokens))
+        res["mlx_b"].append(mlx_batch(model, tokenizer, batch_prompts, tokens))
+        res["ours_b"].append(ours(engine, batch_prompts, tokens))
+    engine.close()
+    med = {k: statistics.median(v) for k, v in res.items()}
+    return {
+        "bench": "decode",
+        "model": engine.info.name,
+        "dtype": engine.info.dtype,
+        "device": str(mx.default_device()),
+        "tokens_per_row": tokens,
+        "repeats": repeats,
+        "single_row": {
+            "jumpahead_tok_s": round(med["ours_1"], 2),
+            "mlx_lm_stream_generate_tok_s": round(med["mlx_1"], 2),
+            "ratio": round(med["ours_1"] / med["mlx_1"], 3),
+            "target": ">= 0.95",
+        },
+        f"batch_{batch}_aggregate": {
+            "jumpahead_tok_s": round(med["ours_b"], 2),
+            "mlx_lm_batch_generator_tok_s": round(med["mlx_b"], 2),
+            "ratio": round(med["ours_b"] / med["mlx_b"], 3),
+            "target": ">= 1.0",
+        },
+        "samples": {k: [round(x, 2) for x in v] for k, v in res.items()},
+    }
