@@ -10,7 +10,10 @@ the sampled token and the rest rolls back (DESIGN.md, Engine vocabulary).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
+
+if TYPE_CHECKING:
+    import numpy as np
 
 from .types import TokenKind
 
@@ -47,6 +50,19 @@ class Proposer(Protocol):
     def propose(self, view: RowView, max_len: int) -> Proposal | None: ...
 
     def feedback(self, proposal: Proposal, accepted: int) -> None: ...
+
+
+class Constraint(Protocol):
+    """A grammar over the row's output (engine/grammar.py builds one with xgrammar).
+
+    The scheduler calls `mask` on a row's logits before its sampler picks, and
+    `accept` with every token the row commits, in order (asserted ones included).
+    Verified proposals need no rollback here: only committed tokens are accepted.
+    """
+
+    def mask(self, logits: "np.ndarray") -> "np.ndarray": ...
+
+    def accept(self, token: int) -> None: ...
 
 
 @dataclass

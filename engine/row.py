@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .proposal import Proposal, ProposalStats, Proposer, RowView
+from .proposal import Constraint, Proposal, ProposalStats, Proposer, RowView
 from .row_cache import RowKVCache
 from .sampler import RowSampler
 from .types import FinishReason, GenerationRequest, Timings, TokenChunk, TokenKind
@@ -69,6 +69,9 @@ class Row:
     first_token_at: float | None = None
     last_token_at: float | None = None
     proposers: list[Proposer] = field(default_factory=list)
+    # Constrained decoding (engine/proposal.py Constraint): masks logits before the
+    # sampler picks, and follows every committed token (sampled or asserted).
+    constraint: Constraint | None = None
     stats: ProposalStats = field(default_factory=ProposalStats)
 
     def __post_init__(self) -> None:

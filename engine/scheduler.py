@@ -185,7 +185,7 @@ class Scheduler:
         picks them; asserted tokens are taken as given and the row samples after them.
         """
         argmax = mx.argmax(logits, axis=-1)  # [B, W]
-        need = [i for i, r in enumerate(rows) if r.sampler.needs_logits]
+        need = [i for i, r in enumerate(rows) if r.sampler.needs_logits or r.constraint is not None]
         host = None
         if need:
             sub = logits if len(need) == len(rows) else logits[mx.array(need)]
@@ -198,10 +198,19 @@ class Scheduler:
         out = []
         for b, (row, prop) in enumerate(zip(rows, props)):
             sampler = row.sampler
+            constraint = row.constraint
             base = row.position  # absolute position of the first token chosen this round
 
             def pick(i: int) -> int:
-                tok = table[b][i] if host is None or b not in where else sampler.pick(host[where[b]][i], base + i)
+                if host is None or b not in where:
+                    tok = table[b][i]
+                else:
+                    x = host[where[b]][i]
+                    if constraint is not None:
+                        x = constraint.mask(x)
+                    tok = sampler.pick(x, base + i)
+                    if constraint is not None:
+                        constraint.accept(tok)
                 sampler.observe(tok)
                 return tok
 
@@ -212,6 +221,8 @@ class Scheduler:
             if prop.asserted:
                 for t in prop.tokens:
                     sampler.observe(t)
+                    if constraint is not None:
+                        constraint.accept(t)
                 tokens = prop.tokens + [pick(k)]
                 kinds = [prop.kind] * k + ["sampled"]
                 out.append((tokens, kinds, 1 + k))
