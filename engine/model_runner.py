@@ -44,18 +44,20 @@ class ModelRunner:
 
     def forward(
         self,
-        tokens: list[list[int]],
+        tokens: list[list[int]] | mx.array,
         cache: RowKVCache,
         positions: slice | None = slice(-1, None),
+        starts: list[int] | None = None,
     ) -> mx.array | None:
         """Run rows' tokens (equal widths) at their cache ends; return lazy logits.
 
         `positions` selects which of the W positions get logits ([B, n, V]);
-        None asks for none (prefill chunks that only fill the cache).
+        None asks for none (prefill chunks that only fill the cache). `starts`
+        overrides where each row writes (a round launched before the previous one
+        was committed writes one past the current ends).
         """
-        width = len(tokens[0])
-        cache.begin(width)
-        inputs = mx.array(tokens, dtype=mx.int32)
+        inputs = tokens if isinstance(tokens, mx.array) else mx.array(tokens, dtype=mx.int32)
+        cache.begin(inputs.shape[1], starts)
         if self.split:
             hidden = self.model.model(inputs, cache=cache.layers)
             if positions is None:

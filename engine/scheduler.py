@@ -13,6 +13,7 @@ import queue
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import numpy as np
@@ -20,6 +21,9 @@ import numpy as np
 from .model_runner import ModelRunner
 from .proposal import Proposal
 from .row import Row
+
+if TYPE_CHECKING:
+    from .prefix_cache import PrefixCache
 
 log = logging.getLogger("jumpahead.engine")
 
@@ -42,6 +46,8 @@ class Scheduler:
         self.waiting: deque[Row] = deque()
         self.inbox: queue.SimpleQueue[Row] = queue.SimpleQueue()
         self.counters: Counter[str] = Counter()
+        self.prefix_cache: PrefixCache | None = None  # set by the Engine (engine/prefix_cache.py)
+        self._ahead: tuple[list[Row], mx.array] | None = None  # queued greedy round
 
     # --- called from other threads ----------------------------------------------------
     def submit(self, row: Row) -> None:
@@ -54,6 +60,8 @@ class Scheduler:
 
     def step(self) -> bool:
         """Do one unit of work. Returns False when there was nothing to do."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.poll()  # index finished SSD writes (mlx work stays on this thread)
         while True:
             try:
                 row = self.inbox.get_nowait()
@@ -76,6 +84,7 @@ class Scheduler:
             row.finish("error", message)
         self.running.clear()
         self.waiting.clear()
+        self._ahead = None
         self.group = self.runner.new_cache()
         self.counters["errors"] += 1
 
@@ -94,6 +103,9 @@ class Scheduler:
             self._retire(gone)
 
     def _retire(self, indices: list[int]) -> None:
+        if self.prefix_cache is not None:  # publish what each row consumed before its slot goes
+            for i in indices:
+                self.prefix_cache.on_retire(self.running[i], self.group, i)
         self.group.remove_rows(indices)
         drop = set(indices)
         self.running = [r for i, r in enumerate(self.running) if i not in drop]
@@ -104,6 +116,8 @@ class Scheduler:
             row.timings.queued_s = t0 - row.submitted_at
             row.prefill_cache = self.runner.new_cache()
             row.prefill_cache.ends = [0]
+            if self.prefix_cache is not None:  # start from the longest cached prefix
+                self.prefix_cache.on_prefill_start(row)
         size = self.config.prefill_chunk_busy if self.running else self.config.prefill_chunk
         chunk = row.prompt[row.prefilled : row.prefilled + size]
         final = row.prefilled + len(chunk) == len(row.prompt)
@@ -121,6 +135,8 @@ class Scheduler:
         self.waiting.popleft()
         row.commit([token], ["sampled"])
         self.counters["tokens_sampled"] += 1
+        if self.prefix_cache is not None:  # publish the prompt (after the first token is out)
+            self.prefix_cache.on_prompt_done(row)
         if row.finish_reason is None:
             self.group.append_rows(row.prefill_cache)
             self.running.append(row)
@@ -150,7 +166,51 @@ class Scheduler:
         row.stats.propose_s += time.perf_counter() - t0
         return found
 
+    def _greedy_round(self) -> bool:
+        """Plain greedy decoding, pipelined the way mlx-lm's generate_step is: the next
+        round's forward is built from this round's lazy argmax and queued before this
+        round's tokens are read, so graph building and host work overlap the compute.
+        If the rows change (a row finishes, joins or is cancelled) the queued round is
+        dropped: its cache writes lie past the rows' ends, which are masked and
+        overwritten. Returns False when the rows need the general path."""
+        rows = self.running
+        if not all(not r.proposers and r.constraint is None and not r.sampler.needs_logits for r in rows):
+            self._ahead = None
+            return False
+        ahead = self._ahead
+        if ahead is not None and len(ahead[0]) == len(rows) and all(a is b for a, b in zip(ahead[0], rows)):
+            current = ahead[1]
+        else:
+            logits = self.runner.forward([[r.pending] for r in rows], self.group)
+            current = mx.argmax(logits[:, -1, :], axis=-1)
+            mx.async_eval(current)
+        ends = self.group.ends
+        logits = self.runner.forward(current[:, None], self.group, starts=[e + 1 for e in ends])
+        upcoming = mx.argmax(logits[:, -1, :], axis=-1)
+        mx.async_eval(upcoming)
+        chosen = current.tolist()
+        self.group.advance([1] * len(rows))
+        self.counters["forwards"] += 1
+        self.counters["rounds"] += 1
+        self.counters["round_width_sum"] += 1
+        done = []
+        for i, (row, tok) in enumerate(zip(rows, chosen)):
+            row.timings.rounds += 1
+            row.stats.rounds += 1
+            row.stats.forwards += 1
+            row.sampler.observe(tok)
+            row.commit([tok], ["sampled"])
+            if row.finish_reason is not None:
+                done.append(i)
+        self._ahead = (list(rows), upcoming)
+        if done:
+            self._ahead = None
+            self._retire(done)
+        return True
+
     def _decode_round(self) -> None:
+        if self._greedy_round():
+            return
         rows = self.running
         props = [self._propose(r) for r in rows]
         lens = [len(p.tokens) if p else 0 for p in props]
