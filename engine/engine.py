@@ -32,6 +32,15 @@ class EngineConfig:
     max_proposal: int = 16
     max_asserted: int = 64
     default_methods: tuple[str, ...] = ()
+    # Prefix cache (engine/prefix_cache.py, engine/ssd_cache.py): reuse the KV of the
+    # longest cached prefix of each prompt, in RAM and in an SSD tier that survives
+    # restarts. prefix_cache_dir None = $JUMPAHEAD_HOME (or ~/.cache/jumpahead)
+    # /prompt-cache/<model id>.
+    prefix_cache: bool = True
+    prefix_cache_ram_bytes: int = 2 << 30
+    prefix_cache_ssd: bool = True
+    prefix_cache_dir: str | None = None
+    prefix_cache_ssd_bytes: int = 16 << 30
 
 
 class Engine:
@@ -55,8 +64,10 @@ class Engine:
             ),
         )
         self.draft = None  # DraftModel, set by attach_draft
-        self.started_at = time.time()
         self._wake = threading.Event()
+        self.prefix_cache = self._make_prefix_cache()
+        self.scheduler.prefix_cache = self.prefix_cache
+        self.started_at = time.time()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="jumpahead-engine", daemon=True)
         self._thread.start()
@@ -73,6 +84,26 @@ class Engine:
 
         m, tok, info = load_model(model, progress=progress)
         return cls(m, tok, info, config)
+
+    def _make_prefix_cache(self) -> Any:
+        """The prefix cache this config asks for (None when disabled)."""
+        c = self.config
+        if not c.prefix_cache:
+            return None
+        from .prefix_cache import PrefixCache
+        from .ssd_cache import SsdStore, default_cache_root, model_dir_name, model_fingerprint
+
+        ssd = None
+        if c.prefix_cache_ssd:
+            name = str(getattr(self.info, "name", None) or "model")
+            directory = c.prefix_cache_dir or default_cache_root() / model_dir_name(name)
+            try:
+                fp = model_fingerprint(self.model, name)
+                ssd = SsdStore(directory, fp, name, c.prefix_cache_ssd_bytes,
+                               max_pending_bytes=max(c.prefix_cache_ram_bytes, 256 << 20))
+            except (OSError, RuntimeError) as exc:
+                log.warning("prompt cache: SSD tier off (%s); RAM tier only", exc)
+        return PrefixCache(c.prefix_cache_ram_bytes, ssd, wake=self._wake.set)
 
     # --- engine thread -----------------------------------------------------------------
     def _run(self) -> None:
@@ -206,9 +237,28 @@ class Engine:
         }
 
     def metrics(self) -> dict[str, Any]:
-        return dict(self.scheduler.counters)
+        out: dict[str, Any] = dict(self.scheduler.counters)
+        if self.prefix_cache is not None:
+            out["prefix_cache"] = self.prefix_cache.stats()
+        return out
+
+    def flush_prefix_cache(self, timeout: float = 60.0) -> bool:
+        """Wait until no row runs and every prefix-cache entry is on disk and indexed.
+
+        (A request's last chunk is emitted before its row publishes; benches and tests
+        that restart over the same cache directory call this first.)"""
+        if self.prefix_cache is None:
+            return True
+        deadline = time.monotonic() + timeout
+        while not self.scheduler.idle:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return self.prefix_cache.flush(max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
         self._closed = True
         self._wake.set()
         self._thread.join(timeout=10)
+        if self.prefix_cache is not None:
+            self.prefix_cache.close()  # finishes queued SSD writes, releases the directory

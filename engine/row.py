@@ -60,6 +60,7 @@ class Row:
     max_tokens: int
     prefilled: int = 0  # prompt tokens already in the cache
     prefill_cache: RowKVCache | None = None  # private cache until the row joins the group
+    cached_tokens: int = 0  # prompt tokens restored from the prefix cache
     pending: int | None = None  # next input token: committed, not yet in the cache
     output: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
@@ -132,6 +133,8 @@ class Row:
             self.detokenizer.finalize()  # flush bytes held for an incomplete character
         text = self.stop_text.take(self.detokenizer.text, final=final)
         chunk = TokenChunk(tokens=tokens, kinds=kinds, text=text)
+        if final or len(self.output) == len(tokens):  # the first chunk and the last
+            chunk.cached_tokens = self.cached_tokens
         if final:
             t = self.timings
             if self.first_token_at is not None and self.last_token_at is not None:

@@ -81,6 +81,8 @@ class TokenChunk:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     timings: Timings | None = None
+    # Prompt tokens served from the prefix cache (set on the first and the last chunk).
+    cached_tokens: int = 0
     fill: dict | None = None  # usage.fill telemetry (last chunk): see ProposalStats
 
 
