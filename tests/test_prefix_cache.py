@@ -188,10 +188,14 @@ def test_entries_are_real_copies(loaded_model):
     group.append_rows(prefilled(b))
     pc = PrefixCache(1 << 30)
     pc.insert(b, group, 1)
+    pc.insert(a, group, 0)  # shares the template's first tokens with b: splits b's node
     nodes = list(pc._ram_nodes)
-    for node in nodes:
+    assert len(nodes) == 3
+    for i, node in enumerate(nodes):
         for layer in group.layers:
             assert not overlaps(node.kv, layer.keys) and not overlaps(node.kv, layer.values)
+        for other in nodes[i + 1 :]:
+            assert not overlaps(node.kv, other.kv)
     before = [np.array(n.kv) for n in nodes]
     row = runner.new_cache()
     hit = pc.lookup(b, limit=len(b) - 1)
@@ -493,3 +497,26 @@ def test_companion_state_is_checkpointed_and_restored(tmp_path):
         assert hook2.restored[-1] == (60, [60, sum(tokens)]), source
     assert again.counters["ssd_hits"] == 1 and len(hook2.restored) == 2
     again.close()
+
+
+# --- the bench's inputs (fast; the bench itself is `python -m jumpahead.engine.bench_cache`) --
+
+
+def test_bench_session_and_billing_header_measure(loaded_model):
+    from jumpahead.engine import bench_cache
+    from tests.conftest import shared_path
+
+    _, tokenizer, _ = loaded_model
+    trace = shared_path("traces", "public", "mini-swe-agent", "marshmallow-code__marshmallow-1343.traj.json")
+    messages = bench_cache.openai_messages(trace)
+    k = bench_cache.pick_turn(tokenizer, messages, 2600)
+    assert messages[k]["role"] == "assistant" and messages[k + 1]["role"] in ("tool", "user")
+    assert 2000 < len(bench_cache.render(tokenizer, messages[:k])) <= 2600
+
+    shared_path("fixtures", "clients", "claude-code")
+    effect = bench_cache.billing_header_effect(tokenizer)
+    n = effect["prompt_tokens"]
+    assert effect["variants"]["same_header"]["shared_prefix_tokens"] == n
+    # a different value on the first system line leaves only the first few tokens reusable
+    assert effect["variants"]["fingerprint_changed"]["shared_prefix_tokens"] < 64 < n // 100
+    assert effect["header_stripped_by_proxy"]["shared_prefix_tokens"] == effect["header_stripped_by_proxy"]["prompt_tokens"]

@@ -1,0 +1,286 @@
+"""`jumpahead bench cache`: time to first token of an agent's next turn, side by side:
+no cache (cold) vs a RAM hit vs an SSD hit after a restart.
+
+A real recorded session (mini-swe-agent, OpenAI-style messages, from
+../shared/traces/public/) is rendered with the model's chat template up to ~N tokens
+of context (turn A, ending in a tool result). The model answers turn A; turn B is the
+conversation plus the model's answer plus the next recorded tool result, which is what
+an agent sends next. Arms, in one process on one loaded model:
+
+- cold: an engine with the prefix cache off runs turn B;
+- ram:  an engine with the cache on runs turn A, then turn B (hit from RAM);
+- ssd:  a new engine over a copy of the cache directory as it was after turn A (its
+        files dropped from the OS page cache with posix_fadvise, so they are read from
+        the device), runs turn B (hit from SSD).
+
+It also measures the effect of a per-request value at the top of a prompt (Claude
+Code's `x-anthropic-billing-header` system line) on reuse, from the captured client
+requests in ../shared/fixtures/clients/claude-code/: how many tokens of the rendered
+prompt two requests share when only that line differs (= the cached tokens a hit can
+reuse, since a hit is the longest common prefix).
+
+    python -m jumpahead.engine.bench_cache [--context 4096] [--gen 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+TRACE = SHARED / "traces/public/mini-swe-agent/marshmallow-code__marshmallow-1343.traj.json"
+CLAUDE_CODE = SHARED / "fixtures/clients/claude-code"
+
+
+# --- the session -------------------------------------------------------------------------
+
+
+def openai_messages(path: Path) -> list[dict[str, Any]]:
+    """A mini-swe-agent trajectory's messages as chat-template input (tool calls parsed)."""
+    data = json.loads(path.read_text())
+    out = []
+    for m in data["messages"]:
+        role = m["role"]
+        content = m.get("content")
+        content = content if isinstance(content, str) else ("" if content is None else str(content))
+        if role == "assistant":
+            raw = m.get("tool_calls")
+            calls = ast.literal_eval(raw) if isinstance(raw, str) and raw not in ("", "None") else (raw or [])
+            out.append({
+                "role": "assistant",
+                "content": content,
+                "tool_calls": [
+                    {"type": "function", "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
+                    for c in calls
+                ],
+            })
+        else:
+            out.append({"role": role, "content": content})
+    return out
+
+
+def render(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
+
+
+def pick_turn(tokenizer: Any, messages: list[dict[str, Any]], context: int) -> int:
+    """The largest k such that messages[:k] ends in a tool/user message, renders to at
+    most `context` tokens, and is followed by a recorded assistant turn and its result."""
+    best = 0
+    for k in range(2, len(messages) - 1):
+        if messages[k - 1]["role"] not in ("tool", "user") or messages[k]["role"] != "assistant":
+            continue
+        if messages[k + 1]["role"] not in ("tool", "user"):
+            continue
+        if len(render(tokenizer, messages[:k])) > context:
+            break
+        best = k
+    if not best:
+        raise ValueError("no turn of the session fits the requested context")
+    return best
+
+
+# --- timing ------------------------------------------------------------------------------
+
+
+def timed(engine: Any, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    """Run one request; time to its first chunk, its tokens and cached prompt tokens."""
+    from .types import GenerationRequest
+
+    async def go() -> dict[str, Any]:
+        t0 = time.perf_counter()
+        ttft = None
+        tokens: list[int] = []
+        cached = 0
+        async for chunk in engine.stream(GenerationRequest(prompt=prompt, max_tokens=max_tokens)):
+            if ttft is None:
+                ttft = time.perf_counter() - t0
+                cached = chunk.cached_tokens
+            tokens += chunk.tokens
+        return {"ttft_s": round(ttft, 4), "cached_tokens": cached, "tokens": tokens,
+                "total_s": round(time.perf_counter() - t0, 3)}
+
+    return asyncio.run(go())
+
+
+def drop_page_cache(directory: Path) -> bool:
+    """Ask the kernel to forget the cached pages of every file (so reads hit the device)."""
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    for p in directory.iterdir():
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+    return True
+
+
+# --- billing header ----------------------------------------------------------------------
+
+
+def billing_header_effect(tokenizer: Any, fixtures: Path = CLAUDE_CODE) -> dict[str, Any]:
+    """Tokens two Claude Code requests share when only the billing line differs."""
+    path = fixtures / "001_POST_v1_messages.json"
+    body = json.loads(path.read_text())["body"]
+    blocks = [b["text"] for b in body["system"]]
+    header_i = next(i for i, t in enumerate(blocks) if t.startswith("x-anthropic-billing-header:"))
+    tools = [{"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
+                                               "parameters": t.get("input_schema", {})}} for t in body.get("tools", [])]
+
+    def rendered(header: str | None) -> list[int]:
+        parts = list(blocks)
+        if header is None:
+            del parts[header_i]
+        else:
+            parts[header_i] = header
+        msgs = [{"role": "system", "content": [{"type": "text", "text": t} for t in parts]}] + body["messages"]
+        ids = tokenizer.apply_chat_template(msgs, tools=tools, add_generation_prompt=True, tokenize=True)
+        return [int(i) for i in (ids["input_ids"] if hasattr(ids, "input_ids") else ids)]
+
+    def lcp(a: list[int], b: list[int]) -> int:
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+    original = blocks[header_i]
+    variants = {
+        "same_header": original,
+        "fingerprint_changed": original.replace("cc_version=2.1.197.2bb", "cc_version=2.1.197.7f3"),
+        "per_request_cch_added": original.rstrip(";") + "; cch=5a1e0;",
+    }
+    base = rendered(original)
+    out: dict[str, Any] = {"fixture": str(path), "header_line": original, "prompt_tokens": len(base), "variants": {}}
+    for name, text in variants.items():
+        other = rendered(text)
+        out["variants"][name] = {"header_line": text, "shared_prefix_tokens": lcp(base, other),
+                                 "reusable_fraction": round(lcp(base, other) / len(base), 4)}
+    stripped_a, stripped_b = rendered(None), rendered(None)
+    out["header_stripped_by_proxy"] = {"prompt_tokens": len(stripped_a), "shared_prefix_tokens": lcp(stripped_a, stripped_b)}
+    return out
+
+
+# --- the bench ---------------------------------------------------------------------------
+
+
+def run(
+    model: str | None = None,
+    context: int = 4096,
+    gen_tokens: int = 16,
+    trace: str | None = None,
+    work_dir: str | None = None,
+    progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+) -> dict[str, Any]:
+    """Run the bench; returns (and the CLI prints) a JSON-able dict."""
+    trace_path = Path(trace) if trace else TRACE
+    if not trace_path.exists():
+        msg = f"skipped: {trace_path} is absent (the bench replays a session from ../shared/traces/public)"
+        progress(msg)
+        return {"skipped": msg}
+
+    import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
+
+    from .engine import Engine, EngineConfig
+    from .loader import load_model
+
+    m, tok, info = load_model(model, progress=progress)
+    messages = openai_messages(trace_path)
+    k = pick_turn(tok, messages, context)
+    turn_a = render(tok, messages[:k])
+    progress(f"session {trace_path.name}: turn A = messages[:{k}] = {len(turn_a)} tokens")
+
+    root = Path(work_dir or tempfile.mkdtemp(prefix="jumpahead-bench-cache-"))
+    ram_dir, ssd_dir = root / "ram", root / "ssd"
+    for d in (ram_dir, ssd_dir):
+        shutil.rmtree(d, ignore_errors=True)
+    result: dict[str, Any] = {"model": info.name, "session": str(trace_path), "turn_index": k}
+    try:
+        # RAM arm: turn A populates the cache, turn B hits it
+        eng = Engine(m, tok, info, EngineConfig(prefix_cache_dir=str(ram_dir)))
+        a = timed(eng, turn_a, gen_tokens)
+        answer = tok.decode([t for t in a["tokens"] if t not in tok.eos_token_ids])
+        turn_b = render(tok, messages[:k] + [{"role": "assistant", "content": answer}] + [messages[k + 1]])
+        progress(f"turn A cold: ttft {a['ttft_s']}s; turn B = {len(turn_b)} tokens")
+        t0 = time.perf_counter()
+        assert eng.flush_prefix_cache(timeout=600), "SSD writes did not finish"
+        flush_s = time.perf_counter() - t0
+        shutil.copytree(ram_dir, ssd_dir, ignore=shutil.ignore_patterns(".lock"))
+        after_a = eng.metrics()["prefix_cache"]
+        ram = timed(eng, turn_b, gen_tokens)
+        progress(f"turn B, RAM hit: ttft {ram['ttft_s']}s, cached {ram['cached_tokens']}")
+        eng.close()
+        del eng
+
+        # SSD arm: a new engine over the directory as it was after turn A
+        dropped = drop_page_cache(ssd_dir)
+        t0 = time.perf_counter()
+        eng = Engine(m, tok, info, EngineConfig(prefix_cache_dir=str(ssd_dir)))
+        index_s = time.perf_counter() - t0
+        ssd = timed(eng, turn_b, gen_tokens)
+        ssd_stats = eng.metrics()["prefix_cache"]
+        progress(f"turn B, SSD hit: ttft {ssd['ttft_s']}s, cached {ssd['cached_tokens']}")
+        eng.close()
+        del eng
+
+        # cold arm
+        eng = Engine(m, tok, info, EngineConfig(prefix_cache=False))
+        cold = timed(eng, turn_b, gen_tokens)
+        progress(f"turn B, cold: ttft {cold['ttft_s']}s")
+        eng.close()
+        del eng
+    finally:
+        if work_dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+    def arm(r: dict[str, Any]) -> dict[str, Any]:
+        return {"ttft_s": r["ttft_s"], "cached_tokens": r["cached_tokens"],
+                "prefilled_tokens": len(turn_b) - r["cached_tokens"]}
+
+    result.update({
+        "turn_a_tokens": len(turn_a),
+        "turn_a_generated": len(a["tokens"]),
+        "turn_b_tokens": len(turn_b),
+        "cold": arm(cold),
+        "ram_hit": arm(ram),
+        "ssd_hit": {**arm(ssd), "index_s": round(index_s, 3), "page_cache_dropped": dropped,
+                    "bytes_read": ssd_stats.get("ssd_load_bytes", 0)},
+        "ratio_ram": round(cold["ttft_s"] / ram["ttft_s"], 2),
+        "ratio_ssd": round(cold["ttft_s"] / ssd["ttft_s"], 2),
+        "targets": {"ram_ge_10x": cold["ttft_s"] >= 10 * ram["ttft_s"], "ssd_ge_5x": cold["ttft_s"] >= 5 * ssd["ttft_s"]},
+        "same_tokens": {"ram_vs_cold": ram["tokens"] == cold["tokens"], "ssd_vs_cold": ssd["tokens"] == cold["tokens"]},
+        "cache_after_turn_a": {"ram_bytes": after_a["ram_bytes"], "ssd_bytes": after_a.get("ssd_bytes", 0),
+                               "ssd_files": after_a.get("ssd_files", 0), "ssd_flush_s": round(flush_s, 3)},
+        "kv_bytes_per_token": round(after_a["ram_bytes"] / max(1, after_a["published_tokens"])),
+    })
+    if CLAUDE_CODE.exists():
+        result["billing_header"] = billing_header_effect(tok)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="jumpahead bench cache", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None, help="mlx-lm model path or hub id (default: the embedded default)")
+    ap.add_argument("--context", type=int, default=4096, help="tokens of context of the replayed turn (default 4096)")
+    ap.add_argument("--gen", type=int, default=16, help="tokens the model generates per turn (default 16)")
+    ap.add_argument("--trace", default=None, help="a mini-swe-agent .traj.json (default: the one in ../shared)")
+    ap.add_argument("--work-dir", default=None, help="keep the cache directories here (default: a temp dir)")
+    args = ap.parse_args(argv)
+    out = run(args.model, args.context, args.gen, args.trace, args.work_dir)
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
