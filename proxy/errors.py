@@ -1,4 +1,4 @@
-"""Errors the proxy answers with, in OpenAI's error shape.
+"""Errors the proxy answers with, in OpenAI's or Anthropic's error shape.
 
 Bad input is a 4xx with a message that names the field: clients retry 5xx for
 minutes, so a 5xx is only for a real server fault.
@@ -31,6 +31,9 @@ class APIError(Exception):
     def body(self) -> dict[str, Any]:
         return error_body(self.message, type=self.type, param=self.param, code=self.code)
 
+    def anthropic_body(self) -> dict[str, Any]:
+        return anthropic_error_body(self.message, self.status)
+
 
 def error_body(
     message: str,
@@ -52,3 +55,26 @@ def not_found(message: str, code: str = "unknown_url") -> APIError:
 
 def server_error(message: str) -> APIError:
     return APIError(message, status=500, type="server_error", code="internal_error")
+
+
+# Anthropic names error types by HTTP status.
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error_type(status: int) -> str:
+    if status in ANTHROPIC_ERROR_TYPES:
+        return ANTHROPIC_ERROR_TYPES[status]
+    return "api_error" if status >= 500 else "invalid_request_error"
+
+
+def anthropic_error_body(message: str, status: int = 400) -> dict[str, Any]:
+    """Anthropic's error shape: `{"type": "error", "error": {"type", "message"}}`."""
+    return {"type": "error", "error": {"type": anthropic_error_type(status), "message": message}}

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from jumpahead.engine.types import EngineError, GenerationRequest
@@ -18,7 +18,10 @@ from jumpahead.engine.types import EngineError, GenerationRequest
 from .errors import invalid_request
 from .output_parser import OutputParser
 from .prompt import continues_final_message, prompt_opens_reasoning, render_prompt
+from .script import FORCE_BIAS, Script, ScriptedProposer, fit_prompt, render_turn, turn_tokens
 from .turn import OutputEvent, Turn, TurnEnd, TurnFinish, TurnOutput, Usage
+
+_TAIL = 32  # output tokens kept to tell which stop string ended a turn
 
 
 @dataclass
@@ -28,33 +31,54 @@ class PreparedTurn:
     turn: Turn
     request: GenerationRequest
     parser: OutputParser
+    scripted: ScriptedProposer | None = None  # script mode: the turn's continuation
+    script_turn: int | None = None  # script mode: which turn of the script (0-based)
 
 
-def prepare_turn(engine: Any, turn: Turn) -> PreparedTurn:
-    """Render and validate. Raises APIError(400) for a Turn the model cannot run."""
-    tokenizer = engine.tokenizer
-    prompt = render_prompt(tokenizer, turn)
-    max_tokens = turn.max_tokens if turn.max_tokens is not None else engine.context_length
-    request = GenerationRequest(prompt=prompt, sampling=turn.sampling, max_tokens=max_tokens, stop=list(turn.stop))
+def _validate(engine: Any, request: GenerationRequest) -> None:
     try:
         engine.validate(request)
     except EngineError as exc:
         raise invalid_request(str(exc), code="context_length_exceeded" if "context" in str(exc) else None) from exc
-    parser = OutputParser.for_tokenizer(
-        tokenizer,
-        turn.tools if turn.tools_enabled else None,
-        in_reasoning=prompt_opens_reasoning(tokenizer, prompt),
-    )
+
+
+def prepare_turn(engine: Any, turn: Turn, script: Script | None = None) -> PreparedTurn:
+    """Render and validate. Raises APIError(400) for a Turn the model cannot run.
+
+    With a `script`, the next scripted turn becomes the continuation (asserted tokens);
+    it is consumed only when the request is valid.
+    """
+    tokenizer = engine.tokenizer
+    prompt = render_prompt(tokenizer, turn)
+    max_tokens = turn.max_tokens if turn.max_tokens is not None else engine.context_length
+    request = GenerationRequest(prompt=prompt, sampling=turn.sampling, max_tokens=max_tokens, stop=list(turn.stop))
+    tools = turn.tools if turn.tools_enabled else None
+    in_reasoning = prompt_opens_reasoning(tokenizer, prompt)
+    parser = OutputParser.for_tokenizer(tokenizer, tools, in_reasoning=in_reasoning)
     if continues_final_message(turn):
         # The output continues the last assistant message: parse it as if generated
         # (a tool call it opens completes in the output), but do not send it again.
         parser.feed(turn.messages[-1].content or "")
-    return PreparedTurn(turn, request, parser)
+    if script is None:
+        _validate(engine, request)
+        return PreparedTurn(turn, request, parser)
+    with script.claim() as (index, scripted):
+        tokens = turn_tokens(tokenizer, render_turn(tokenizer, scripted, in_reasoning=in_reasoning, tools=tools))
+        room = engine.context_length - len(tokens) - 2
+        if room < 16:
+            raise invalid_request(f"script turn {index + 1} is {len(tokens)} tokens; it does not fit the "
+                                  f"model's {engine.context_length}-token context", code="context_length_exceeded")
+        request.prompt = fit_prompt(prompt, min(room, script.prompt_limit or room))
+        request.sampling = replace(turn.sampling, logit_bias={**turn.sampling.logit_bias, tokens[0]: FORCE_BIAS})
+        proposer = ScriptedProposer(tokens)
+        request.proposers = [proposer]
+        _validate(engine, request)
+    return PreparedTurn(turn, request, parser, proposer, index)
 
 
-async def prepare_turn_async(engine: Any, turn: Turn) -> PreparedTurn:
+async def prepare_turn_async(engine: Any, turn: Turn, script: Script | None = None) -> PreparedTurn:
     """`prepare_turn` off the event loop (templates and tokenizing 100 KB take time)."""
-    return await asyncio.to_thread(prepare_turn, engine, turn)
+    return await asyncio.to_thread(prepare_turn, engine, turn, script)
 
 
 def _finish_reason(engine_reason: str | None, tool_calls: int) -> TurnFinish:
@@ -63,6 +87,21 @@ def _finish_reason(engine_reason: str | None, tool_calls: int) -> TurnFinish:
     if engine_reason in ("stop", "length", "cancelled"):
         return engine_reason  # type: ignore[return-value]
     return "error"
+
+
+def _stop_sequence(engine: Any, stops: list[str], tail: list[int]) -> str | None:
+    """The stop string that ended a turn whose row finished with "stop" (None: EOS)."""
+    if not stops:
+        return None
+    eos = set(getattr(engine.tokenizer, "eos_token_ids", ()) or ())
+    if tail and tail[-1] in eos:
+        return None
+    try:
+        text = engine.tokenizer.decode(tail)
+    except Exception:  # a tokenizer that cannot decode a partial sequence
+        return stops[0]
+    found = [(text.rfind(s) + len(s), s) for s in stops if s in text]
+    return max(found)[1] if found else stops[0]
 
 
 async def stream_turn(engine: Any, prepared: PreparedTurn, stats: Counter[str] | None = None) -> AsyncIterator[OutputEvent]:
@@ -74,15 +113,19 @@ async def stream_turn(engine: Any, prepared: PreparedTurn, stats: Counter[str] |
     usage = Usage(prompt_tokens=len(prepared.request.prompt))
     reason: str | None = None
     error: str | None = None
+    tail: list[int] = []
     try:
         async with contextlib.aclosing(engine.stream(prepared.request)) as chunks:
             async for chunk in chunks:
+                if chunk.tokens:
+                    tail = (tail + list(chunk.tokens))[-_TAIL:]
                 if chunk.text:
                     for event in parser.feed(chunk.text):
                         yield event
                 if chunk.finish_reason is not None:
                     reason, error = chunk.finish_reason, chunk.error
-                    usage = Usage(chunk.prompt_tokens or usage.prompt_tokens, chunk.completion_tokens)
+                    usage = Usage(chunk.prompt_tokens or usage.prompt_tokens, chunk.completion_tokens,
+                                  int(getattr(chunk, "cached_tokens", 0) or 0))
     except EngineError as exc:
         reason, error = "error", str(exc)
     for event in parser.finish():
@@ -90,6 +133,7 @@ async def stream_turn(engine: Any, prepared: PreparedTurn, stats: Counter[str] |
     finish = _finish_reason(reason, len(parser.tool_calls))
     if finish == "error" and error is None:
         error = "generation ended without a finish reason"
+    stop_sequence = _stop_sequence(engine, prepared.request.stop, tail) if reason == "stop" else None
     if stats is not None:
         stats[f"finish_{finish}"] += 1
         stats["tool_calls"] += len(parser.tool_calls)
@@ -97,7 +141,10 @@ async def stream_turn(engine: Any, prepared: PreparedTurn, stats: Counter[str] |
         stats["tool_calls_with_issues"] += sum(1 for c in parser.tool_calls if c.issues)
         stats["completion_tokens"] += usage.completion_tokens
         stats["prompt_tokens"] += usage.prompt_tokens
-    yield TurnEnd(finish, usage, error)
+        if prepared.scripted is not None:
+            stats["script_turns"] += 1
+            stats["script_stray_tokens"] += prepared.scripted.strays
+    yield TurnEnd(finish, usage, error, stop_sequence)
 
 
 async def complete_turn(engine: Any, prepared: PreparedTurn, stats: Counter[str] | None = None) -> TurnOutput:

@@ -8,6 +8,7 @@ import logging
 import sys
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+MAX_SCRIPT_SLICE = 4096  # most scripted tokens in one round (its logits are [1, slice, vocab])
 
 
 def _positive(text: str) -> int:
@@ -24,6 +25,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port to bind (default: 8000)")
     parser.add_argument("--max-batch", type=_positive, default=8, help="rows decoded together (default: 8)")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="log level (default: info)")
+    parser.add_argument("--script", default=None, metavar="FILE",
+                        help="forced-continuation replay: each request is answered with the next turn of FILE "
+                             "(JSONL: {\"reasoning\", \"text\", \"tool_calls\"} per line), appended through the "
+                             "model as asserted tokens")
+    parser.add_argument("--script-prompt-limit", type=_positive, default=None, metavar="N",
+                        help="script mode: cut longer prompts to N tokens (head and tail) before prefill; "
+                             "the scripted answer does not depend on them (default: the model's context)")
 
 
 def _is_loopback(host: str) -> bool:
@@ -41,11 +49,27 @@ def run(args: argparse.Namespace) -> int:
     if not _is_loopback(args.host):
         log.warning("binding %s: anyone who can reach this address can use the model", args.host)
 
+    script = None
+    if getattr(args, "script", None):
+        from .script import Script, ScriptError
+
+        try:
+            script = Script.load(args.script, prompt_limit=args.script_prompt_limit)
+        except ScriptError as exc:
+            print(f"jumpahead: {exc}", file=sys.stderr)
+            return 2
+        log.info("script mode: %d turns from %s", len(script.turns), args.script)
+
     import jumpahead.engine  # noqa: F401  (loads OpenBLAS before mlx)
     from jumpahead.engine.engine import Engine, EngineConfig
 
+    config = EngineConfig(max_batch=args.max_batch)
+    if script is not None:
+        # A scripted turn goes in as one asserted slice: the engine samples a token after
+        # every slice, which would put a stray token into the script (see script.py).
+        config.max_asserted = max(config.max_asserted, min(script.max_bytes() + 8, MAX_SCRIPT_SLICE))
     try:
-        engine = Engine.load(args.model, EngineConfig(max_batch=args.max_batch), progress=log.info)
+        engine = Engine.load(args.model, config, progress=log.info)
     except Exception as exc:
         print(f"jumpahead: cannot load model {args.model or '(default)'}: {type(exc).__name__}: {exc}",
               file=sys.stderr)
@@ -56,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from .server import create_app
 
     try:
-        uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level=args.log_level,
+        uvicorn.run(create_app(engine, script=script), host=args.host, port=args.port, log_level=args.log_level,
                     timeout_graceful_shutdown=5)
     finally:
         engine.close()

@@ -1,8 +1,11 @@
 """The HTTP server: routes, shared engine state, error mapping.
 
 `create_app(engine)` builds the Starlette app; `jumpahead serve` runs it with uvicorn.
-Every answer is JSON (or SSE for streams); bad input is a 4xx, and no request can stop
-the server.
+Three protocols share one path (adapter -> Turn -> runner -> OutputEvents -> adapter):
+OpenAI chat completions, Anthropic messages, OpenAI responses. Every answer is JSON
+(or SSE for streams); bad input is a 4xx in the protocol's error shape, and no
+request can stop the server. With a Script (`serve --script`), each generation
+request consumes the script's next turn.
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import orjson
@@ -23,12 +27,28 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from . import sse
+from .anthropic_messages import MessagesStream, message_id, message_object, parse_messages_request
 from .errors import APIError, error_body, invalid_request, not_found, server_error
 from .openai_chat import ChatStream, chat_completion, completion_id, parse_chat_request
+from .openai_responses import (
+    ResponsesContext,
+    ResponsesStream,
+    assistant_message,
+    output_items,
+    parse_responses_request,
+    response_object,
+    status_of,
+)
+from .prompt import render_prompt
+from .response_store import ResponseStore, StoredResponse
 from .runner import PreparedTurn, complete_turn, prepare_turn_async, stream_turn
+from .script import Script
+from .turn import TurnOutput
 
 log = logging.getLogger("jumpahead.proxy")
 T = TypeVar("T")
+HEARTBEAT_S = 15.0  # Anthropic and Responses streams: a ping after this long without an event
+ANTHROPIC_PATHS = ("/v1/messages", "/messages")
 
 
 class JSONResponse(Response):
@@ -38,7 +58,10 @@ class JSONResponse(Response):
         return orjson.dumps(content)
 
 
-def _error_response(exc: APIError) -> JSONResponse:
+def _error_response(exc: APIError, request: Request | None = None) -> JSONResponse:
+    """The error in the shape of the protocol the request's path speaks."""
+    if request is not None and request.url.path.startswith(ANTHROPIC_PATHS):
+        return JSONResponse(exc.anthropic_body(), status_code=exc.status)
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
@@ -48,6 +71,10 @@ def _engine(request: Request) -> Any:
 
 def _stats(request: Request) -> Counter[str]:
     return request.app.state.stats
+
+
+def _script(request: Request) -> Script | None:
+    return request.app.state.script
 
 
 def _model_name(engine: Any) -> str:
@@ -103,7 +130,7 @@ async def chat_completions(request: Request) -> Response:
     stats = _stats(request)
     body = await read_json(request)
     turn = parse_chat_request(body, getattr(getattr(engine, "info", None), "vocab_size", None))
-    prepared = await prepare_turn_async(engine, turn)
+    prepared = await prepare_turn_async(engine, turn, _script(request))
     model = turn.model or _model_name(engine)
     cid = completion_id()
     if turn.stream:
@@ -137,6 +164,117 @@ async def _chat_sse(engine: Any, prepared: PreparedTurn, encoder: ChatStream, st
     yield sse.DONE
 
 
+# --- /v1/messages (Anthropic) and /v1/responses (OpenAI) ---------------------------
+
+
+async def _event_sse(engine: Any, prepared: PreparedTurn, encoder: Any, first: list[bytes], stats: Counter[str],
+                     beat: Callable[[], bytes], after: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
+    """An SSE body of named events. The encoder's terminal event always ends it,
+    also after a fault mid-stream (`encoder.fail`); `beat` fills long silences."""
+    stats["streams_started"] += 1
+    try:
+        for frame in first:
+            yield frame
+        async with contextlib.aclosing(stream_turn(engine, prepared, stats)) as events, \
+                contextlib.aclosing(sse.with_heartbeat(events, HEARTBEAT_S, beat)) as beating:
+            async for event in beating:
+                if isinstance(event, bytes):
+                    yield event
+                    continue
+                for frame in encoder.encode(event):
+                    yield frame
+    except Exception as exc:  # a fault mid-stream: say so, end with the terminal event
+        log.exception("stream failed")
+        stats["stream_errors"] += 1
+        for frame in encoder.fail(f"{type(exc).__name__}: {exc}"):
+            yield frame
+    except BaseException:  # cancelled: the client went away; the engine row is freed
+        stats["client_disconnects"] += 1
+        raise
+    if after is not None:
+        after()
+
+
+async def _complete(request: Request, engine: Any, prepared: PreparedTurn) -> TurnOutput | None:
+    out = await unless_disconnected(request, complete_turn(engine, prepared, _stats(request)))
+    if out is None:
+        _stats(request)["client_disconnects"] += 1
+    elif out.finish_reason in ("error", "cancelled"):
+        raise server_error(out.error or f"generation {out.finish_reason}")
+    return out
+
+
+async def messages(request: Request) -> Response:
+    engine = _engine(request)
+    body = await read_json(request)
+    turn = parse_messages_request(body)
+    prepared = await prepare_turn_async(engine, turn, _script(request))
+    model = turn.model or _model_name(engine)
+    mid = message_id()
+    if turn.stream:
+        encoder = MessagesStream(id=mid, model=model)
+        first = encoder.start(len(prepared.request.prompt))
+        return sse.response(_event_sse(engine, prepared, encoder, first, _stats(request), encoder.ping))
+    out = await _complete(request, engine, prepared)
+    if out is None:
+        return Response(status_code=499)  # nobody reads it
+    return JSONResponse(message_object(out, id=mid, model=model))
+
+
+async def count_tokens(request: Request) -> Response:
+    engine = _engine(request)
+    turn = parse_messages_request(await read_json(request), for_counting=True)
+    prompt = await asyncio.to_thread(render_prompt, engine.tokenizer, turn)
+    return JSONResponse({"input_tokens": len(prompt)})
+
+
+def _store_response(store: ResponseStore, ctx: ResponsesContext, out: TurnOutput, response: dict[str, Any]) -> None:
+    if ctx.store and response.get("status") in ("completed", "incomplete"):
+        store.put(response["id"], StoredResponse([*ctx.history, assistant_message(out)], response))
+
+
+async def responses(request: Request) -> Response:
+    engine = _engine(request)
+    store: ResponseStore = request.app.state.responses
+    body = await read_json(request)
+    turn, ctx = parse_responses_request(body, store)
+    prepared = await prepare_turn_async(engine, turn, _script(request))
+    model = turn.model or _model_name(engine)
+    rid = f"resp_{uuid.uuid4().hex}"
+    created = int(time.time())
+    if turn.stream:
+        encoder = ResponsesStream(ctx, id=rid, model=model, created_at=created)
+
+        def after() -> None:
+            if encoder.done and encoder.out.finish_reason not in ("error", "cancelled"):
+                status = status_of(encoder.out)
+                _store_response(store, ctx, encoder.out, encoder._response(status, encoder.out.usage))
+
+        return sse.response(_event_sse(engine, prepared, encoder, encoder.start(), _stats(request),
+                                       lambda: sse.KEEPALIVE, after))
+    out = await _complete(request, engine, prepared)
+    if out is None:
+        return Response(status_code=499)
+    response = response_object(ctx, id=rid, model=model, created_at=created, status=status_of(out),
+                               output=output_items(out, ctx), usage=out.usage)
+    _store_response(store, ctx, out, response)
+    return JSONResponse(response)
+
+
+async def get_response(request: Request) -> Response:
+    entry = request.app.state.responses.get(request.path_params["response_id"])
+    if entry is None:
+        raise not_found(f"response {request.path_params['response_id']!r} not found", code="response_not_found")
+    return JSONResponse(entry.response)
+
+
+async def delete_response(request: Request) -> Response:
+    rid = request.path_params["response_id"]
+    if not request.app.state.responses.delete(rid):
+        raise not_found(f"response {rid!r} not found", code="response_not_found")
+    return JSONResponse({"id": rid, "object": "response.deleted", "deleted": True})
+
+
 # --- models, health, metrics ---------------------------------------------------------
 
 
@@ -165,6 +303,13 @@ async def get_model(request: Request) -> Response:
     return JSONResponse(_model_card(_engine(request), request.path_params["model_id"]))
 
 
+async def root(request: Request) -> Response:
+    """Clients probe the base URL (Claude Code sends HEAD /): say what answers here."""
+    return JSONResponse({"name": "jumpahead", "model": _model_name(_engine(request)),
+                         "endpoints": ["/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens",
+                                       "/v1/responses", "/v1/models", "/health", "/metrics"]})
+
+
 async def health(request: Request) -> Response:
     engine = _engine(request)
     try:
@@ -172,6 +317,9 @@ async def health(request: Request) -> Response:
     except Exception as exc:  # health must answer even when the engine is broken
         report = {"status": f"engine health failed: {exc}"}
     report.setdefault("status", "ok")
+    script = _script(request)
+    if script is not None:
+        report["script"] = script.status()
     status = 200 if report["status"] == "ok" else 503
     return JSONResponse(report, status_code=status)
 
@@ -191,7 +339,7 @@ async def _api_error(request: Request, exc: Exception) -> Response:
         log.error("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
     else:
         log.info("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
-    return _error_response(exc)
+    return _error_response(exc, request)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -209,16 +357,28 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 async def _unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     _stats(request)["http_500"] += 1
-    return _error_response(server_error(f"internal error: {type(exc).__name__}: {exc}"))
+    return _error_response(server_error(f"internal error: {type(exc).__name__}: {exc}"), request)
 
 
-def create_app(engine: Any) -> Starlette:
-    """The OpenAI-compatible app around a loaded engine (shared by all requests)."""
+def create_app(engine: Any, script: Script | None = None, response_store: ResponseStore | None = None) -> Starlette:
+    """The app around a loaded engine (shared by all requests).
+
+    `script`: forced-continuation replay; each generation request consumes its next turn.
+    """
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+        Route("/messages/count_tokens", count_tokens, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/responses", responses, methods=["POST"]),
+        Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
+        Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
+        Route("/", root, methods=["GET", "HEAD"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
@@ -228,4 +388,6 @@ def create_app(engine: Any) -> Starlette:
     )
     app.state.engine = engine
     app.state.stats = Counter()
+    app.state.script = script
+    app.state.responses = response_store if response_store is not None else ResponseStore()
     return app

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import orjson
 from starlette.responses import StreamingResponse
+
+T = TypeVar("T")
 
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"
@@ -32,3 +36,33 @@ def response(body: AsyncIterator[bytes], headers: dict[str, str] | None = None) 
     return StreamingResponse(
         body, status_code=200, media_type="text/event-stream", headers={**SSE_HEADERS, **(headers or {})}
     )
+
+
+async def with_heartbeat(source: AsyncIterator[T], interval: float, beat: Callable[[], bytes]) -> AsyncIterator[T | bytes]:
+    """`source`'s items, with `beat()` yielded whenever none came for `interval` seconds.
+
+    Long prefills keep a stream silent for minutes; a heartbeat tells the client (and
+    any proxy between) that the server is alive. The source is read in a task of its
+    own, so a heartbeat never cancels a pending read.
+    """
+    iterator = source.__aiter__()
+    pending: asyncio.Future[T] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(iterator.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=interval)
+            if not done:
+                yield beat()
+                continue
+            task, pending = pending, None
+            try:
+                item = task.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        if pending is not None:
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                await pending

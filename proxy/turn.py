@@ -93,6 +93,7 @@ class Turn:
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the engine's prefix cache
 
     @property
     def total_tokens(self) -> int:
@@ -127,6 +128,7 @@ class TurnEnd:
     finish_reason: TurnFinish
     usage: Usage
     error: str | None = None
+    stop_sequence: str | None = None  # the stop string that ended the turn, if one did
 
 
 OutputEvent = Union[ReasoningDelta, ContentDelta, ToolCallDelta, TurnEnd]
@@ -142,6 +144,7 @@ class TurnOutput:
     finish_reason: TurnFinish = "stop"
     usage: Usage = field(default_factory=Usage)
     error: str | None = None
+    stop_sequence: str | None = None
 
     def add(self, event: OutputEvent) -> None:
         if isinstance(event, ReasoningDelta):
@@ -154,3 +157,4 @@ class TurnOutput:
             self.finish_reason = event.finish_reason
             self.usage = event.usage
             self.error = event.error
+            self.stop_sequence = event.stop_sequence

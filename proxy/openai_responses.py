@@ -1,0 +1,574 @@
+"""OpenAI Responses: request body -> Turn, Turn output -> response object and SSE events.
+
+Input items (messages with any role, function calls and their outputs, reasoning,
+custom tool calls) become the Turn's messages; `previous_response_id` prepends a
+stored conversation. Tools the model cannot serve are handled without failing:
+hosted tools (web_search, file_search, ...) are left out, `namespace` tools are
+flattened into their nested functions (and calls mapped back to name + namespace),
+`custom` (free-form) tools are offered as a function with one string `input`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from jumpahead.engine.types import SamplingParams
+
+from . import sse
+from .errors import APIError, invalid_request
+from .fields import boolean, integer, number, obj
+from .openai_chat import content_text
+from .response_store import ResponseStore
+from .turn import (
+    ContentDelta,
+    Message,
+    OutputEvent,
+    ReasoningDelta,
+    Tool,
+    ToolCall,
+    ToolCallDelta,
+    ToolChoice,
+    Turn,
+    TurnEnd,
+    TurnOutput,
+    Usage,
+)
+
+_SEED_MASK = (1 << 63) - 1
+ENCRYPTED_PREFIX = "ja1:"  # our "encrypted" reasoning: base64 of the text, readable back
+CUSTOM_INPUT_SCHEMA = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+@dataclass
+class ToolName:
+    """How a model-visible tool name maps back onto the client's tool."""
+
+    name: str  # the client's name (inside its namespace, if any)
+    kind: str = "function"  # "function" or "custom"
+    namespace: str | None = None
+
+
+@dataclass
+class ResponsesContext:
+    """What the answer needs from the request besides the Turn."""
+
+    body: dict[str, Any]
+    tool_names: dict[str, ToolName] = field(default_factory=dict)  # model-visible -> client
+    history: list[Message] = field(default_factory=list)  # conversation without instructions
+    store: bool = True
+    include_encrypted: bool = False
+    previous_response_id: str | None = None
+
+    def visible_name(self, name: str, namespace: str | None = None) -> str:
+        for visible, target in self.tool_names.items():
+            if target.name == name and target.namespace == namespace:
+                return visible
+        return name
+
+
+# --- tools ---------------------------------------------------------------------------
+
+
+def _function_tool(raw: dict[str, Any], param: str, kind: str) -> tuple[str, Tool]:
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise invalid_request(f"{param}.name must be a non-empty string", param=f"{param}.name")
+    description = raw.get("description")
+    description = description if isinstance(description, str) else ""
+    if kind == "custom":
+        return name, Tool(name, description, CUSTOM_INPUT_SCHEMA)
+    parameters = raw.get("parameters")
+    if parameters is not None and not isinstance(parameters, dict):
+        raise invalid_request(f"{param}.parameters must be a JSON schema object", param=f"{param}.parameters")
+    return name, Tool(name, description, parameters)
+
+
+def _tools(raw_tools: Any, ctx: ResponsesContext) -> list[Tool]:
+    if raw_tools is None:
+        return []
+    if not isinstance(raw_tools, list):
+        raise invalid_request("tools must be an array", param="tools")
+    found: list[tuple[ToolName, Tool]] = []
+    for i, raw in enumerate(raw_tools):
+        raw = obj(raw, f"tools[{i}]")
+        kind = raw.get("type", "function")
+        if kind in ("function", "custom"):
+            name, tool = _function_tool(raw, f"tools[{i}]", kind)
+            found.append((ToolName(name, kind), tool))
+        elif kind == "namespace":
+            namespace = raw.get("name")
+            nested = raw.get("tools", raw.get("functions", []))
+            if not isinstance(nested, list):
+                raise invalid_request(f"tools[{i}].tools must be an array", param=f"tools[{i}].tools")
+            for j, sub in enumerate(nested):
+                sub = obj(sub, f"tools[{i}].tools[{j}]")
+                sub_kind = sub.get("type", "function")
+                if sub_kind not in ("function", "custom"):
+                    continue
+                name, tool = _function_tool(sub, f"tools[{i}].tools[{j}]", sub_kind)
+                found.append((ToolName(name, sub_kind, namespace if isinstance(namespace, str) else None), tool))
+        # web_search, file_search, code_interpreter, image_generation, mcp, ...: hosted, not ours
+    counts: dict[str, int] = {}
+    for target, _ in found:
+        counts[target.name] = counts.get(target.name, 0) + 1
+    tools = []
+    for target, tool in found:
+        if counts[tool.name] > 1 and target.namespace:  # the same name in two namespaces
+            tool.name = f"{target.namespace}__{target.name}"
+        ctx.tool_names[tool.name] = target
+        tools.append(tool)
+    return tools
+
+
+def _tool_choice(value: Any, ctx: ResponsesContext) -> ToolChoice:
+    if value is None:
+        return ToolChoice("auto")
+    if isinstance(value, str):
+        if value not in ("auto", "none", "required"):
+            raise invalid_request(f"tool_choice must be auto, none, required or an object, got {value!r}",
+                                  param="tool_choice")
+        return ToolChoice(value)  # type: ignore[arg-type]
+    value = obj(value, "tool_choice")
+    kind = value.get("type")
+    if kind in ("function", "custom"):
+        name = value.get("name")
+        if not isinstance(name, str) or not name:
+            raise invalid_request("tool_choice.name must be a non-empty string", param="tool_choice.name")
+        visible = ctx.visible_name(name, value.get("namespace") if isinstance(value.get("namespace"), str) else None)
+        if visible not in ctx.tool_names:
+            raise invalid_request(f"tool_choice names {name!r}, which is not in tools", param="tool_choice.name")
+        return ToolChoice("function", visible)
+    if kind == "allowed_tools" and value.get("mode") == "required":
+        return ToolChoice("required")
+    return ToolChoice("auto")  # allowed_tools, hosted tool types: let the model choose
+
+
+# --- input items ---------------------------------------------------------------------
+
+
+def _output_text(value: Any, param: str) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict | list):
+        text = content_text(value, param)
+        return text or ""
+    return orjson.dumps(value).decode()
+
+
+def _reasoning_text(item: dict[str, Any]) -> str:
+    encrypted = item.get("encrypted_content")
+    if isinstance(encrypted, str) and encrypted.startswith(ENCRYPTED_PREFIX):
+        try:
+            return base64.b64decode(encrypted[len(ENCRYPTED_PREFIX):]).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            pass
+    parts = []
+    for key in ("content", "summary"):
+        for part in item.get(key) or []:
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+        if parts:
+            break
+    return "\n".join(parts)
+
+
+class _Conversation:
+    """Builds normalized messages from input items, merging an assistant's pieces."""
+
+    def __init__(self, messages: list[Message]) -> None:
+        self.messages = messages
+        self.reasoning: list[str] = []
+
+    def _assistant(self) -> Message:
+        last = self.messages[-1] if self.messages else None
+        if last is None or last.role != "assistant":
+            last = Message("assistant", None)
+            self.messages.append(last)
+        if self.reasoning:
+            last.reasoning = "\n".join(filter(None, [last.reasoning, *self.reasoning]))
+            self.reasoning = []
+        return last
+
+    def add_message(self, role: str, text: str) -> None:
+        if role == "assistant":
+            last = self.messages[-1] if self.messages else None
+            if last is not None and last.role == "assistant" and not last.tool_calls and not self.reasoning:
+                last.content = "\n".join(filter(None, [last.content, text]))
+                return
+            message = Message("assistant", text)
+            self.messages.append(message)
+            if self.reasoning:
+                message.reasoning = "\n".join(self.reasoning)
+                self.reasoning = []
+            return
+        self.messages.append(Message("system" if role in ("system", "developer") else "user", text))
+
+    def add_call(self, call: ToolCall) -> None:
+        self._assistant().tool_calls.append(call)
+
+    def add_output(self, call_id: str, text: str) -> None:
+        self.messages.append(Message("tool", text, tool_call_id=call_id))
+
+
+def _item(conv: _Conversation, raw: Any, i: int, ctx: ResponsesContext) -> None:
+    param = f"input[{i}]"
+    item = obj(raw, param)
+    kind = item.get("type", "message")
+    if kind == "message" or (kind is None and "role" in item):
+        role = item.get("role")
+        if role not in ("user", "assistant", "system", "developer"):
+            raise invalid_request(f"{param}.role must be user, assistant, system or developer, got {role!r}",
+                                  param=f"{param}.role")
+        conv.add_message(role, content_text(item.get("content"), f"{param}.content") or "")
+    elif kind in ("function_call", "custom_tool_call"):
+        name = item.get("name")
+        call_id = item.get("call_id")
+        if not isinstance(name, str) or not name:
+            raise invalid_request(f"{param}.name must be a non-empty string", param=f"{param}.name")
+        if not isinstance(call_id, str) or not call_id:
+            raise invalid_request(f"{param}.call_id must be a non-empty string", param=f"{param}.call_id")
+        namespace = item.get("namespace") if isinstance(item.get("namespace"), str) else None
+        if kind == "custom_tool_call":
+            arguments = orjson.dumps({"input": _output_text(item.get("input"), f"{param}.input")}).decode()
+        else:
+            arguments = item.get("arguments", "{}")
+            if not isinstance(arguments, str):
+                arguments = orjson.dumps(arguments).decode()
+        conv.add_call(ToolCall(ctx.visible_name(name, namespace), arguments or "{}", id=call_id))
+    elif kind in ("function_call_output", "custom_tool_call_output"):
+        call_id = item.get("call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise invalid_request(f"{param}.call_id must be a non-empty string", param=f"{param}.call_id")
+        conv.add_output(call_id, _output_text(item.get("output"), f"{param}.output"))
+    elif kind == "reasoning":
+        text = _reasoning_text(item)
+        if text:
+            conv.reasoning.append(text)
+    # item_reference, web_search_call, file_search_call, ...: nothing the model can read
+
+
+def _input_messages(value: Any, ctx: ResponsesContext, history: list[Message]) -> list[Message]:
+    conv = _Conversation(list(history))
+    if isinstance(value, str):
+        conv.add_message("user", value)
+    elif isinstance(value, list):
+        for i, raw in enumerate(value):
+            _item(conv, raw, i, ctx)
+    elif value is not None:
+        raise invalid_request("input must be a string or an array of input items", param="input")
+    return conv.messages
+
+
+# --- request -------------------------------------------------------------------------
+
+
+def _thinking(reasoning: Any) -> bool | None:
+    if isinstance(reasoning, dict) and reasoning.get("effort") == "none":
+        return False
+    return None
+
+
+def parse_responses_request(body: Any, store: ResponseStore | None = None) -> tuple[Turn, ResponsesContext]:
+    """Validate a /v1/responses body and translate it into a Turn (plus what the answer needs).
+
+    Raises APIError(400) naming the offending field; an unknown previous_response_id is a 400 too.
+    """
+    if not isinstance(body, dict):
+        raise invalid_request("the request body must be a JSON object")
+    ctx = ResponsesContext(body=body)
+    tools = _tools(body.get("tools"), ctx)
+    history: list[Message] = []
+    previous = body.get("previous_response_id")
+    if previous is not None:
+        if not isinstance(previous, str) or not previous:
+            raise invalid_request("previous_response_id must be a non-empty string", param="previous_response_id")
+        entry = store.get(previous) if store is not None else None
+        if entry is None:
+            raise APIError(f"previous response {previous!r} not found (unknown, not stored, or evicted)",
+                           status=400, param="previous_response_id", code="previous_response_not_found")
+        history = entry.messages
+        ctx.previous_response_id = previous
+    messages = _input_messages(body.get("input"), ctx, history)
+    ctx.history = messages
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise invalid_request("instructions must be a string", param="instructions")
+    if instructions:
+        messages = [Message("system", instructions), *messages]
+    if not any(m.role != "system" for m in messages):
+        raise invalid_request("input must contain at least one message or item", param="input")
+    ctx.store = boolean(body, "store", default=True)
+    include = body.get("include")
+    if include is not None and (not isinstance(include, list) or not all(isinstance(x, str) for x in include)):
+        raise invalid_request("include must be an array of strings", param="include")
+    ctx.include_encrypted = "reasoning.encrypted_content" in (include or [])
+    seed = integer(body, "seed")
+    sampling = SamplingParams(
+        temperature=number(body, "temperature", 1.0, lo=0.0, hi=2.0),
+        top_p=number(body, "top_p", 1.0, lo=0.0, hi=1.0, lo_open=True),
+        seed=None if seed is None else seed & _SEED_MASK,
+    )
+    model = body.get("model")
+    extra = {k: body[k] for k in ("reasoning", "metadata", "user", "prompt_cache_key", "parallel_tool_calls",
+                                  "text", "include", "truncation") if k in body}
+    turn = Turn(
+        messages=messages,
+        tools=tools,
+        tool_choice=_tool_choice(body.get("tool_choice"), ctx),
+        sampling=sampling,
+        max_tokens=integer(body, "max_output_tokens", lo=1),
+        stream=boolean(body, "stream"),
+        thinking=_thinking(body.get("reasoning")),
+        model=model if isinstance(model, str) and model else None,
+        extra=extra,
+    )
+    return turn, ctx
+
+
+# --- output --------------------------------------------------------------------------
+
+
+def _usage(usage: Usage, reasoning_tokens: int = 0) -> dict[str, Any]:
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        "total_tokens": usage.total_tokens,
+    }
+
+
+def reasoning_item(text: str, ctx: ResponsesContext, id: str | None = None) -> dict[str, Any]:
+    item: dict[str, Any] = {"type": "reasoning", "id": id or _new_id("rs"),
+                            "summary": [{"type": "summary_text", "text": text}] if text else []}
+    if ctx.include_encrypted:
+        item["encrypted_content"] = ENCRYPTED_PREFIX + base64.b64encode(text.encode()).decode()
+    return item
+
+
+def message_item(text: str, id: str | None = None, status: str = "completed") -> dict[str, Any]:
+    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
+    return {"type": "message", "id": id or _new_id("msg"), "status": status, "role": "assistant", "content": content}
+
+
+def call_item(call: ToolCall, ctx: ResponsesContext, id: str | None = None, done: bool = True) -> dict[str, Any]:
+    target = ctx.tool_names.get(call.name, ToolName(call.name))
+    status = "completed" if done else "in_progress"
+    if target.kind == "custom":
+        try:
+            value = orjson.loads(call.arguments)
+        except orjson.JSONDecodeError:
+            value = None
+        text = value["input"] if isinstance(value, dict) and isinstance(value.get("input"), str) else call.arguments
+        return {"type": "custom_tool_call", "id": id or _new_id("ctc"), "call_id": call.id, "name": target.name,
+                "input": text if done else "", "status": status}
+    item = {"type": "function_call", "id": id or _new_id("fc"), "call_id": call.id, "name": target.name,
+            "arguments": call.arguments if done else "", "status": status}
+    if target.namespace:
+        item["namespace"] = target.namespace
+    return item
+
+
+def output_items(out: TurnOutput, ctx: ResponsesContext) -> list[dict[str, Any]]:
+    items = []
+    if out.reasoning:
+        items.append(reasoning_item(out.reasoning, ctx))
+    if out.content:
+        items.append(message_item(out.content))
+    items.extend(call_item(call, ctx) for call in out.tool_calls)
+    return items
+
+
+def response_object(ctx: ResponsesContext, *, id: str, model: str, created_at: int, status: str,
+                    output: list[dict[str, Any]], usage: Usage | None = None,
+                    error: str | None = None) -> dict[str, Any]:
+    body = ctx.body
+    reasoning = body.get("reasoning") if isinstance(body.get("reasoning"), dict) else {}
+    tool_choice = body.get("tool_choice", "auto")
+    return {
+        "id": id,
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "background": False,
+        "error": {"code": "server_error", "message": error} if status == "failed" else None,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": body.get("parallel_tool_calls", True) is not False,
+        "previous_response_id": ctx.previous_response_id,
+        "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
+        "store": ctx.store,
+        "temperature": body.get("temperature", 1.0),
+        "text": body.get("text") if isinstance(body.get("text"), dict) else {"format": {"type": "text"}},
+        "tool_choice": tool_choice if isinstance(tool_choice, str | dict) else "auto",
+        "tools": body.get("tools") if isinstance(body.get("tools"), list) else [],
+        "top_p": body.get("top_p", 1.0),
+        "truncation": "disabled",
+        "usage": _usage(usage) if usage is not None else None,
+        "user": None,
+        "metadata": body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
+    }
+
+
+def status_of(out: TurnOutput) -> str:
+    if out.finish_reason in ("error", "cancelled"):
+        return "failed"
+    return "incomplete" if out.finish_reason == "length" else "completed"
+
+
+def assistant_message(out: TurnOutput) -> Message:
+    """The answer as a conversation message (for previous_response_id)."""
+    return Message("assistant", out.content or None, reasoning=out.reasoning or None, tool_calls=list(out.tool_calls))
+
+
+class ResponsesStream:
+    """Encodes a Turn's OutputEvents as Responses SSE events (bytes frames).
+
+    response.created and response.in_progress, then per output item
+    output_item.added, its part and delta events, output_item.done; then
+    response.completed (or response.incomplete); after a failure response.failed.
+    """
+
+    def __init__(self, ctx: ResponsesContext, *, id: str, model: str, created_at: int | None = None) -> None:
+        self.ctx = ctx
+        self.id = id
+        self.model = model
+        self.created_at = created_at if created_at is not None else int(time.time())
+        self.seq = 0
+        self.items: list[dict[str, Any]] = []  # finished output items
+        self.open: dict[str, Any] | None = None  # the item being streamed
+        self.text = ""  # text of the open item
+        self.out = TurnOutput()  # the whole answer, for the store
+        self.done = False
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        payload = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return sse.event(kind, payload)
+
+    def _response(self, status: str, usage: Usage | None = None, error: str | None = None) -> dict[str, Any]:
+        return response_object(self.ctx, id=self.id, model=self.model, created_at=self.created_at, status=status,
+                               output=list(self.items), usage=usage, error=error)
+
+    def start(self) -> list[bytes]:
+        response = self._response("in_progress")
+        return [self._event("response.created", response=response),
+                self._event("response.in_progress", response=response)]
+
+    @property
+    def _index(self) -> int:
+        return len(self.items)
+
+    def _open(self, item: dict[str, Any]) -> list[bytes]:
+        frames = self._close()
+        self.open, self.text = item, ""
+        frames.append(self._event("response.output_item.added", output_index=self._index, item=item))
+        if item["type"] == "reasoning":
+            frames.append(self._event("response.reasoning_summary_part.added", item_id=item["id"],
+                                      output_index=self._index, summary_index=0,
+                                      part={"type": "summary_text", "text": ""}))
+        elif item["type"] == "message":
+            frames.append(self._event("response.content_part.added", item_id=item["id"], output_index=self._index,
+                                      content_index=0, part={"type": "output_text", "text": "", "annotations": []}))
+        return frames
+
+    def _close(self) -> list[bytes]:
+        item, text, index = self.open, self.text, self._index
+        if item is None:
+            return []
+        self.open = None
+        frames = []
+        if item["type"] == "reasoning":
+            part = {"type": "summary_text", "text": text}
+            frames += [
+                self._event("response.reasoning_summary_text.done", item_id=item["id"], output_index=index,
+                            summary_index=0, text=text),
+                self._event("response.reasoning_summary_part.done", item_id=item["id"], output_index=index,
+                            summary_index=0, part=part),
+            ]
+            done = reasoning_item(text, self.ctx, id=item["id"])
+        else:
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            frames += [
+                self._event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
+                            text=text, logprobs=[]),
+                self._event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
+                            part=part),
+            ]
+            done = message_item(text, id=item["id"])
+        frames.append(self._event("response.output_item.done", output_index=index, item=done))
+        self.items.append(done)
+        return frames
+
+    def encode(self, event: OutputEvent) -> list[bytes]:
+        self.out.add(event)
+        if isinstance(event, ReasoningDelta) and event.text:
+            frames = [] if self.open and self.open["type"] == "reasoning" else self._open(
+                {"type": "reasoning", "id": _new_id("rs"), "summary": []})
+            self.text += event.text
+            return frames + [self._event("response.reasoning_summary_text.delta", item_id=self.open["id"],
+                                         output_index=self._index, summary_index=0, delta=event.text)]
+        if isinstance(event, ContentDelta) and event.text:
+            frames = [] if self.open and self.open["type"] == "message" else self._open(
+                message_item("", status="in_progress"))
+            self.text += event.text
+            return frames + [self._event("response.output_text.delta", item_id=self.open["id"],
+                                         output_index=self._index, content_index=0, delta=event.text, logprobs=[])]
+        if isinstance(event, ToolCallDelta):
+            return self._call(event.call)
+        if isinstance(event, TurnEnd):
+            if event.finish_reason in ("error", "cancelled"):
+                return self.fail(event.error or f"generation {event.finish_reason}")
+            frames = self._close()
+            self.done = True
+            status = "incomplete" if event.finish_reason == "length" else "completed"
+            return frames + [self._event(f"response.{status}", response=self._response(status, event.usage))]
+        return []
+
+    def _call(self, call: ToolCall) -> list[bytes]:
+        frames = self._close()
+        index = self._index
+        added = call_item(call, self.ctx, done=False)
+        done = call_item(call, self.ctx, id=added["id"])
+        frames.append(self._event("response.output_item.added", output_index=index, item=added))
+        if done["type"] == "custom_tool_call":
+            frames += [
+                self._event("response.custom_tool_call_input.delta", item_id=done["id"], output_index=index,
+                            delta=done["input"]),
+                self._event("response.custom_tool_call_input.done", item_id=done["id"], output_index=index,
+                            input=done["input"]),
+            ]
+        else:
+            frames += [
+                self._event("response.function_call_arguments.delta", item_id=done["id"], output_index=index,
+                            delta=done["arguments"]),
+                self._event("response.function_call_arguments.done", item_id=done["id"], output_index=index,
+                            name=done["name"], arguments=done["arguments"]),
+            ]
+        frames.append(self._event("response.output_item.done", output_index=index, item=done))
+        self.items.append(done)
+        return frames
+
+    def fail(self, message: str) -> list[bytes]:
+        """End the stream after a failure: close the open item, then response.failed."""
+        if self.done:
+            return []
+        self.done = True
+        self.out.finish_reason, self.out.error = "error", message
+        return self._close() + [self._event("response.failed", response=self._response("failed", error=message))]

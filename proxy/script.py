@@ -1,0 +1,309 @@
+"""Forced-continuation replay: `jumpahead serve --script FILE`.
+
+A script lists, per turn, the assistant output to produce: reasoning, text and tool
+calls. Each chat, messages or responses request consumes the next turn. The turn is
+rendered into the model's own output format (reasoning between the think markers,
+tool calls as the chat template writes them), tokenized, ended with the EOS token, and
+appended through the real model as asserted `scripted` tokens. The real output parser
+and the real adapters turn those tokens into the protocol's answer, so an agent runs
+end to end on a model too small to act, and every token carries its provenance.
+
+File format (JSONL: one turn per line; or one JSON document, a list of turns or
+`{"turns": [...]}`):
+
+    {"reasoning": "optional", "text": "optional", "tool_calls": [{"name": "write", "arguments": {"path": "a.txt"}}]}
+
+`arguments` is an object (or a JSON text of one). A turn with none of the three keys
+is an empty answer. `comment` is ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from jumpahead.engine.proposal import Proposal, RowView
+
+from .errors import APIError
+from .output_parser import OutputParser
+from .turn import Tool, TurnOutput
+
+log = logging.getLogger(__name__)
+
+TURN_KEYS = {"text", "reasoning", "tool_calls", "comment"}
+# Logit bias that makes the row's one sampled position before the first proposal (the
+# token after the prompt) pick the script's first token.
+FORCE_BIAS = 1.0e9
+
+
+class ScriptError(ValueError):
+    """A script file that cannot be read or has a malformed turn."""
+
+
+@dataclass
+class ScriptedCall:
+    name: str
+    arguments: Any = field(default_factory=dict)  # a JSON value, normally an object
+
+
+@dataclass
+class ScriptTurn:
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: list[ScriptedCall] = field(default_factory=list)
+
+
+def _turn(raw: Any, where: str) -> ScriptTurn:
+    if not isinstance(raw, dict):
+        raise ScriptError(f"{where}: a turn must be a JSON object, got {type(raw).__name__}")
+    unknown = set(raw) - TURN_KEYS
+    if unknown:
+        raise ScriptError(f"{where}: unknown keys {sorted(unknown)} (a turn has {sorted(TURN_KEYS - {'comment'})})")
+    for key in ("text", "reasoning"):
+        if not isinstance(raw.get(key, ""), str):
+            raise ScriptError(f"{where}: {key} must be a string")
+    calls = raw.get("tool_calls", [])
+    if not isinstance(calls, list):
+        raise ScriptError(f"{where}: tool_calls must be an array")
+    parsed = []
+    for j, call in enumerate(calls):
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
+            raise ScriptError(f"{where}: tool_calls[{j}] needs a non-empty string name")
+        arguments = call.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = orjson.loads(arguments) if arguments.strip() else {}
+            except orjson.JSONDecodeError as exc:
+                raise ScriptError(f"{where}: tool_calls[{j}].arguments is not valid JSON: {exc}") from None
+        parsed.append(ScriptedCall(call["name"], arguments))
+    return ScriptTurn(text=raw.get("text", ""), reasoning=raw.get("reasoning", ""), tool_calls=parsed)
+
+
+def parse_script(text: str, source: str = "<script>") -> list[ScriptTurn]:
+    """Turns from a script's text (JSONL, a JSON list, or {"turns": [...]})."""
+    try:
+        doc = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        doc = None
+    if isinstance(doc, dict) and "turns" in doc:
+        doc = doc["turns"]
+    if isinstance(doc, list):
+        return [_turn(raw, f"{source} turn {i + 1}") for i, raw in enumerate(doc)]
+    if isinstance(doc, dict):
+        return [_turn(doc, f"{source} turn 1")]
+    turns = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            raw = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise ScriptError(f"{source} line {n}: not JSON: {exc}") from None
+        turns.append(_turn(raw, f"{source} line {n}"))
+    return turns
+
+
+class Script:
+    """The turns to serve, in order; each served request consumes one."""
+
+    def __init__(self, turns: list[ScriptTurn], *, source: str = "<script>", prompt_limit: int | None = None) -> None:
+        self.turns = list(turns)
+        self.source = source
+        # Prompts longer than this many tokens are cut in the middle before the model
+        # runs (script mode only: the continuation is fixed, so the prompt's content
+        # does not change the answer, only the time spent prefilling it).
+        self.prompt_limit = prompt_limit
+        self.served = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, path: str | Path, prompt_limit: int | None = None) -> Script:
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ScriptError(f"cannot read script {p}: {exc}") from None
+        turns = parse_script(text, str(p))
+        if not turns:
+            raise ScriptError(f"script {p} has no turns")
+        return cls(turns, source=str(p), prompt_limit=prompt_limit)
+
+    @contextlib.contextmanager
+    def claim(self) -> Iterator[tuple[int, ScriptTurn]]:
+        """The next turn; it counts as served only if the `with` block succeeds."""
+        with self._lock:
+            if self.served >= len(self.turns):
+                raise APIError(
+                    f"script exhausted: all {len(self.turns)} turns of {self.source} were served",
+                    status=400, code="script_exhausted",
+                )
+            index = self.served
+            yield index, self.turns[index]
+            self.served = index + 1
+
+    def max_bytes(self) -> int:
+        """Upper bound on a rendered turn's UTF-8 size (a byte-level token covers >= 1 byte)."""
+        def size(turn: ScriptTurn) -> int:
+            calls = sum(len(orjson.dumps({"name": c.name, "arguments": c.arguments})) + 64 for c in turn.tool_calls)
+            return len(turn.text.encode()) + len(turn.reasoning.encode()) + calls + 64
+        return max((size(t) for t in self.turns), default=64)
+
+    def status(self) -> dict[str, Any]:
+        return {"file": self.source, "turns": len(self.turns), "served": self.served}
+
+
+# --- rendering a turn in the model's own format ---------------------------------------
+
+
+def _reasoning_text(tokenizer: Any, turn: ScriptTurn, in_reasoning: bool) -> str:
+    has_thinking = bool(getattr(tokenizer, "has_thinking", False))
+    start, end = (tokenizer.think_start, tokenizer.think_end) if has_thinking else ("<think>", "</think>")
+    if in_reasoning:  # the template already opened the block: always close it
+        return f"{turn.reasoning.strip()}\n{end}\n\n" if turn.reasoning else f"\n{end}\n\n"
+    if not turn.reasoning:
+        return ""
+    return f"{start}\n{turn.reasoning.strip()}\n{end}\n\n"
+
+
+def _json_calls(tokenizer: Any, turn: ScriptTurn) -> str:
+    start = getattr(tokenizer, "tool_call_start", None) or "<tool_call>"
+    end = getattr(tokenizer, "tool_call_end", None) or "</tool_call>"
+    blocks = []
+    for call in turn.tool_calls:
+        body = orjson.dumps({"name": call.name, "arguments": call.arguments}).decode()
+        blocks.append(f"{start}\n{body}\n{end}")
+    return "\n".join(blocks)
+
+
+def _template_calls(tokenizer: Any, turn: ScriptTurn, tools: list[Tool]) -> str | None:
+    """The tool calls as the chat template writes an assistant message (None if it cannot)."""
+    openai_tools = [t.as_openai() for t in tools] or None
+    user = {"role": "user", "content": "x"}
+    assistant = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": f"call_{i}", "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for i, c in enumerate(turn.tool_calls)
+        ],
+    }
+    try:
+        head = tokenizer.apply_chat_template([user], tools=openai_tools, add_generation_prompt=True, tokenize=False)
+        full = tokenizer.apply_chat_template([user, assistant], tools=openai_tools, tokenize=False)
+    except Exception as exc:  # a template without tool calls, or one that wants other shapes
+        log.debug("template cannot render scripted tool calls: %s", exc)
+        return None
+    if not isinstance(head, str) or not isinstance(full, str) or not full.startswith(head):
+        return None
+    tail = full[len(head):]
+    eos = getattr(tokenizer, "eos_token", None)
+    if eos and eos in tail:
+        tail = tail[: tail.rindex(eos)]
+    return tail.strip()
+
+
+def _parsed(tokenizer: Any, text: str, tools: list[Tool] | None, in_reasoning: bool) -> TurnOutput:
+    parser = OutputParser.for_tokenizer(tokenizer, tools, in_reasoning=in_reasoning)
+    out = TurnOutput()
+    for event in parser.feed(text) + parser.finish():
+        out.add(event)
+    return out
+
+
+def _json_value(text: str) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _matches(out: TurnOutput, turn: ScriptTurn) -> bool:
+    calls = [(c.name, _json_value(c.arguments)) for c in out.tool_calls]
+    return (
+        out.reasoning.strip() == turn.reasoning.strip()
+        and out.content.strip() == turn.text.strip()
+        and calls == [(c.name, c.arguments) for c in turn.tool_calls]
+    )
+
+
+def render_turn(tokenizer: Any, turn: ScriptTurn, *, in_reasoning: bool = False,
+                tools: list[Tool] | None = None) -> str:
+    """The turn as the model would write it (without the EOS token).
+
+    Tool calls are written in the `<tool_call>` JSON form; when the tokenizer's parser
+    does not read that form back, the chat template's own rendering is used instead.
+    """
+    head = _reasoning_text(tokenizer, turn, in_reasoning) + turn.text
+    if not turn.tool_calls:
+        return head
+    sep = "\n" if turn.text else ""
+    text = head + sep + _json_calls(tokenizer, turn)
+    if not tools:
+        log.warning("scripted turn has tool calls but the request offers no tools: they arrive as text")
+        return text
+    if _matches(_parsed(tokenizer, text, tools, in_reasoning), turn):
+        return text
+    templated = _template_calls(tokenizer, turn, tools)
+    if templated is not None:
+        alt = head + sep + templated
+        if _matches(_parsed(tokenizer, alt, tools, in_reasoning), turn):
+            return alt
+    log.warning("scripted tool calls do not parse back with this model's tool parser; sending them as written")
+    return text
+
+
+def turn_tokens(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of a rendered turn, ended with the EOS token so the row stops there."""
+    ids = tokenizer.encode(text, add_special_tokens=False) if text else []
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        eos = sorted(tokenizer.eos_token_ids)[0]
+    return [int(t) for t in ids] + [int(eos)]
+
+
+def fit_prompt(prompt: list[int], limit: int) -> list[int]:
+    """The prompt cut to `limit` tokens: its head and its tail, the middle dropped."""
+    if len(prompt) <= limit:
+        return prompt
+    head = limit // 2
+    return prompt[:head] + prompt[len(prompt) - (limit - head):]
+
+
+class ScriptedProposer:
+    """Proposes the not-yet-emitted rest of a scripted turn as asserted tokens.
+
+    The engine samples one token after each asserted slice and one after the prompt;
+    the first is forced with a logit bias (FORCE_BIAS), and a slice that ends in the
+    EOS token ends the row. If the engine caps a slice (EngineConfig.max_asserted)
+    before the script ends, the token sampled after it is a stray: counted, and the
+    script continues after it.
+    """
+
+    name = "scripted"
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = list(tokens)
+        self.cursor = 0  # script tokens emitted so far
+        self.seen = 0  # output tokens accounted for
+        self.strays = 0  # output tokens that are not the script's
+
+    def propose(self, view: RowView, max_len: int) -> Proposal | None:
+        out = view.tokens[view.prompt_len:]
+        for tok in out[self.seen:]:
+            if self.cursor < len(self.tokens) and tok == self.tokens[self.cursor]:
+                self.cursor += 1
+            else:
+                self.strays += 1
+        self.seen = len(out)
+        rest = self.tokens[self.cursor : self.cursor + max_len]
+        return Proposal(rest, "scripted") if rest else None
+
+    def feedback(self, proposal: Proposal, accepted: int) -> None:
+        pass  # asserted tokens are always taken; propose() reads the row itself
