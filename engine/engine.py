@@ -101,7 +101,7 @@ class Engine:
                 fp = model_fingerprint(self.model, name)
                 ssd = SsdStore(directory, fp, name, c.prefix_cache_ssd_bytes,
                                max_pending_bytes=max(c.prefix_cache_ram_bytes, 256 << 20))
-            except (OSError, RuntimeError) as exc:
+            except Exception as exc:  # never fail the engine over its cache
                 log.warning("prompt cache: SSD tier off (%s); RAM tier only", exc)
         return PrefixCache(c.prefix_cache_ram_bytes, ssd, wake=self._wake.set)
 

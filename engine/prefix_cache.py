@@ -461,6 +461,8 @@ class PrefixCache:
             done, self._done = self._done, []
         with self._lock:
             for f in done:
+                if f.path in self.files:
+                    continue  # already indexed (the same segment was written before)
                 self.files[f.path] = f
                 self.ssd_bytes += f.nbytes
                 if not self._attach(f) or not f.nodes:

@@ -391,8 +391,11 @@ class SsdStore:
         end = len(job.tokens)
         digest = hashlib.sha256(job.tokens.tobytes()).hexdigest()[:16]
         path = self.dir / f"{job.start:08d}-{end:08d}-{digest}.safetensors"
-        if path.exists():
-            return None  # the same segment of the same prefix is already on disk
+        if path.exists():  # the same segment of the same prefix is already on disk
+            try:
+                return self.open(path)
+            except CorruptEntry:
+                pass  # a bad copy: write it again
         tensors: list[tuple[str, str, list[int], np.ndarray]] = [
             ("tokens", "I32", [end], np.ascontiguousarray(job.tokens, dtype=np.int32))
         ]
