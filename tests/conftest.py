@@ -27,10 +27,13 @@ def loaded_model():
 
 
 @pytest.fixture(scope="session")
-def engine(loaded_model):
+def engine(loaded_model, tmp_path_factory):
     from jumpahead.engine.engine import Engine, EngineConfig
 
     model, tokenizer, info = loaded_model
-    eng = Engine(model, tokenizer, info, EngineConfig(max_batch=8))
+    # A prompt-cache directory of this session's own, so runs never hit entries that
+    # earlier runs (or a server on this machine) wrote.
+    cache_dir = str(tmp_path_factory.mktemp("prompt-cache"))
+    eng = Engine(model, tokenizer, info, EngineConfig(max_batch=8, prefix_cache_dir=cache_dir))
     yield eng
     eng.close()
