@@ -17,7 +17,7 @@ import mlx.core as mx
 from mlx_lm import stream_generate
 from mlx_lm.generate import BatchGenerator
 
-from .engine import Engine
+from .engine import Engine, EngineConfig
 from .types import GenerationRequest
 
 TOPICS = [
@@ -79,7 +79,8 @@ def ours(engine: Engine, prompts: list[list[int]], n: int) -> float:
 
 
 def run(model_name: str | None = None, tokens: int = 64, repeats: int = 3, batch: int = 4) -> dict[str, Any]:
-    engine = Engine.load(model_name, progress=lambda s: None)
+    # No prefix cache: every arm prefills its prompt the same way.
+    engine = Engine.load(model_name, EngineConfig(prefix_cache=False), progress=lambda s: None)
     model, tokenizer = engine.model, engine.tokenizer
     single_prompt = _prompts(tokenizer, 1)
     batch_prompts = _prompts(tokenizer, batch)
@@ -115,3 +116,17 @@ def run(model_name: str | None = None, tokens: int = 64, repeats: int = 3, batch
         },
         "samples": {k: [round(x, 2) for x in v] for k, v in res.items()},
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog="jumpahead bench decode", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None, help="mlx-lm model path or hub id (default: the embedded default)")
+    ap.add_argument("--tokens", type=int, default=64, help="tokens generated per row (default 64)")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved repetitions per arm (default 3)")
+    ap.add_argument("--batch", type=int, default=4, help="rows in the batched arm (default 4)")
+    args = ap.parse_args(argv)
+    print(json.dumps(run(args.model, args.tokens, args.repeats, args.batch), indent=2))
+    return 0
