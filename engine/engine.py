@@ -147,12 +147,16 @@ class Engine:
             raise EngineError("invalid sampling parameters (temperature >= 0, 0 < top_p <= 1, top_k >= 0, 0 <= min_p <= 1)")
         if s.repetition_penalty <= 0:
             raise EngineError("repetition_penalty must be > 0")
+        self.strict.validate(req)  # compiles the request's grammar (cached); a bad one is a 4xx
 
     def _make_row(self, req: GenerationRequest, emit: Callable[[TokenChunk], None]) -> Row:
         seed = req.sampling.seed if req.sampling.seed is not None else secrets.randbits(63)
         stop_ids = set(self.tokenizer.eos_token_ids) | set(req.stop_token_ids)
+        # strict fill: grammar constraint + strict proposers first (engine/strict.py)
+        constraint, proposers = self.strict.row_parts(req, req.methods or self.config.default_methods, self._proposers(req))
         return Row(
-            proposers=self._proposers(req),
+            proposers=proposers,
+            constraint=constraint,
             req=req,
             sampler=RowSampler(req.sampling, seed, req.prompt),
             emit=emit,
@@ -160,6 +164,16 @@ class Engine:
             stop_ids=stop_ids,
             max_tokens=min(req.max_tokens, self.context_length - len(req.prompt)),
         )
+
+    @property
+    def strict(self) -> Any:
+        """Grammars and template scaffolds for this model (engine/strict.py), made on first use."""
+        found = self.__dict__.get("_strict_fill")
+        if found is None:
+            from .strict import StrictFill
+
+            found = self.__dict__.setdefault("_strict_fill", StrictFill(self.model, self.tokenizer, self.info, self.runner.trimmable))
+        return found
 
     def _proposers(self, req: GenerationRequest) -> list:
         from .echo import EchoProposer, NgramProposer

@@ -27,10 +27,13 @@ class Proposal:
     kind: TokenKind
     # where the tokens were copied from (absolute positions in the row's sequence)
     source: tuple[int, int] | None = None
+    # Verify tokens of an asserted kind instead (exact strict fill: the tokens keep their
+    # kind but are accepted only where the row's sampler picks them; engine/grammar.py).
+    verify: bool = False
 
     @property
     def asserted(self) -> bool:
-        return self.kind in ASSERTED_KINDS
+        return self.kind in ASSERTED_KINDS and not self.verify
 
 
 @dataclass

@@ -52,6 +52,12 @@ class GenerationRequest:
     # them. `proposers` adds ready-made instances (policies); see engine/proposal.py.
     methods: list[str] = field(default_factory=list)
     proposers: list = field(default_factory=list)
+    # Constrained decoding (engine/grammar.py): {"type": "json_schema", "schema": {...}},
+    # {"type": "json_object"} or {"type": "tool_call", "tools": [...], "name": optional}.
+    grammar: dict | None = None
+    # The request's tools (OpenAI function tools) for the template-scaffold strict
+    # proposer (engine/scaffold.py); None or [] = no scaffold.
+    tools: list[dict] | None = None
 
 
 @dataclass
