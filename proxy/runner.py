@@ -60,6 +60,7 @@ def prepare_turn(engine: Any, turn: Turn, script: Script | None = None) -> Prepa
         # (a tool call it opens completes in the output), but do not send it again.
         parser.feed(turn.messages[-1].content or "")
     if script is None:
+        request.grammar, request.tools = strict_fill_fields(tokenizer, turn, tools, in_reasoning)
         _validate(engine, request)
         return PreparedTurn(turn, request, parser)
     with script.claim() as (index, scripted):
@@ -74,6 +75,48 @@ def prepare_turn(engine: Any, turn: Turn, script: Script | None = None) -> Prepa
         request.proposers = [proposer]
         _validate(engine, request)
     return PreparedTurn(turn, request, parser, proposer, index)
+
+
+def _format_grammar(fmt: Any) -> dict | None:
+    """A response format (OpenAI `response_format`, Responses `text.format`, Anthropic
+    `output_config.format`) as an engine grammar; None for text or unknown shapes."""
+    if not isinstance(fmt, dict):
+        return None
+    if fmt.get("type") == "json_object":
+        return {"type": "json_object"}
+    if fmt.get("type") == "json_schema":
+        spec = fmt.get("json_schema") if isinstance(fmt.get("json_schema"), dict) else fmt
+        if isinstance(spec.get("schema"), dict):
+            return {"type": "json_schema", "schema": spec["schema"], "strict": spec.get("strict") is not False}
+    return None
+
+
+def strict_fill_fields(tokenizer: Any, turn: Turn, tools: list | None, in_reasoning: bool) -> tuple[dict | None, list[dict] | None]:
+    """GenerationRequest.grammar and .tools for strict fill (engine/strict.py).
+
+    tool_choice required / a named function constrains the answer to one call in the
+    Hermes `<tool_call>` format (only for templates that use it); a JSON response format
+    constrains it to JSON. Neither applies when the answer continues an assistant
+    prefix or starts inside reasoning (the grammar would cover the wrong text).
+    """
+    tool_dicts = [tool.as_openai() for tool in tools] if tools else None
+    if continues_final_message(turn) or in_reasoning:
+        return None, tool_dicts
+    grammar = None
+    mode = turn.tool_choice.mode
+    if tool_dicts and mode in ("required", "function") and getattr(tokenizer, "tool_call_start", None) == "<tool_call>":
+        grammar = {"type": "tool_call", "tools": tool_dicts}
+        if mode == "function" and turn.tool_choice.name:
+            grammar["name"] = turn.tool_choice.name
+    else:
+        extra = turn.extra
+        fmt = extra.get("response_format")
+        if fmt is None and isinstance(extra.get("text"), dict):
+            fmt = extra["text"].get("format")
+        if fmt is None and isinstance(extra.get("output_config"), dict):
+            fmt = extra["output_config"].get("format")
+        grammar = _format_grammar(fmt)
+    return grammar, tool_dicts
 
 
 async def prepare_turn_async(engine: Any, turn: Turn, script: Script | None = None) -> PreparedTurn:
