@@ -32,7 +32,6 @@ from .errors import APIError, error_body, invalid_request, not_found, server_err
 from .openai_chat import ChatStream, chat_completion, completion_id, parse_chat_request
 from .openai_responses import (
     ResponsesContext,
-    ResponsesStream,
     assistant_message,
     output_items,
     parse_responses_request,
@@ -41,6 +40,7 @@ from .openai_responses import (
 )
 from .prompt import render_prompt
 from .response_store import ResponseStore, StoredResponse
+from .responses_stream import ResponsesStream
 from .runner import PreparedTurn, complete_turn, prepare_turn_async, stream_turn
 from .script import Script
 from .turn import TurnOutput

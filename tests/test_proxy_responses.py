@@ -9,7 +9,6 @@ import pytest
 
 from jumpahead.proxy.errors import APIError
 from jumpahead.proxy.openai_responses import (
-    ResponsesStream,
     assistant_message,
     call_item,
     output_items,
@@ -17,6 +16,7 @@ from jumpahead.proxy.openai_responses import (
     reasoning_item,
 )
 from jumpahead.proxy.response_store import ResponseStore, StoredResponse
+from jumpahead.proxy.responses_stream import ResponsesStream
 from jumpahead.proxy.turn import (
     ContentDelta,
     Message,

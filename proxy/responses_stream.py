@@ -1,0 +1,154 @@
+"""OpenAI Responses streaming: a Turn's OutputEvents as Responses SSE events."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from . import sse
+from .openai_responses import (
+    ResponsesContext,
+    call_item,
+    message_item,
+    new_id,
+    reasoning_item,
+    response_object,
+)
+from .turn import ContentDelta, OutputEvent, ReasoningDelta, ToolCall, ToolCallDelta, TurnEnd, TurnOutput, Usage
+
+
+class ResponsesStream:
+    """Encodes a Turn's OutputEvents as Responses SSE events (bytes frames).
+
+    response.created and response.in_progress, then per output item
+    output_item.added, its part and delta events, output_item.done; then
+    response.completed (or response.incomplete); after a failure response.failed.
+    """
+
+    def __init__(self, ctx: ResponsesContext, *, id: str, model: str, created_at: int | None = None) -> None:
+        self.ctx = ctx
+        self.id = id
+        self.model = model
+        self.created_at = created_at if created_at is not None else int(time.time())
+        self.seq = 0
+        self.items: list[dict[str, Any]] = []  # finished output items
+        self.open: dict[str, Any] | None = None  # the item being streamed
+        self.text = ""  # text of the open item
+        self.out = TurnOutput()  # the whole answer, for the store
+        self.done = False
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        payload = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return sse.event(kind, payload)
+
+    def _response(self, status: str, usage: Usage | None = None, error: str | None = None) -> dict[str, Any]:
+        return response_object(self.ctx, id=self.id, model=self.model, created_at=self.created_at, status=status,
+                               output=list(self.items), usage=usage, error=error)
+
+    def start(self) -> list[bytes]:
+        response = self._response("in_progress")
+        return [self._event("response.created", response=response),
+                self._event("response.in_progress", response=response)]
+
+    @property
+    def _index(self) -> int:
+        return len(self.items)
+
+    def _open(self, item: dict[str, Any]) -> list[bytes]:
+        frames = self._close()
+        self.open, self.text = item, ""
+        frames.append(self._event("response.output_item.added", output_index=self._index, item=item))
+        if item["type"] == "reasoning":
+            frames.append(self._event("response.reasoning_summary_part.added", item_id=item["id"],
+                                      output_index=self._index, summary_index=0,
+                                      part={"type": "summary_text", "text": ""}))
+        elif item["type"] == "message":
+            frames.append(self._event("response.content_part.added", item_id=item["id"], output_index=self._index,
+                                      content_index=0, part={"type": "output_text", "text": "", "annotations": []}))
+        return frames
+
+    def _close(self) -> list[bytes]:
+        item, text, index = self.open, self.text, self._index
+        if item is None:
+            return []
+        self.open = None
+        frames = []
+        if item["type"] == "reasoning":
+            part = {"type": "summary_text", "text": text}
+            frames += [
+                self._event("response.reasoning_summary_text.done", item_id=item["id"], output_index=index,
+                            summary_index=0, text=text),
+                self._event("response.reasoning_summary_part.done", item_id=item["id"], output_index=index,
+                            summary_index=0, part=part),
+            ]
+            done = reasoning_item(text, self.ctx, id=item["id"])
+        else:
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            frames += [
+                self._event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
+                            text=text, logprobs=[]),
+                self._event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
+                            part=part),
+            ]
+            done = message_item(text, id=item["id"])
+        frames.append(self._event("response.output_item.done", output_index=index, item=done))
+        self.items.append(done)
+        return frames
+
+    def encode(self, event: OutputEvent) -> list[bytes]:
+        self.out.add(event)
+        if isinstance(event, ReasoningDelta) and event.text:
+            frames = [] if self.open and self.open["type"] == "reasoning" else self._open(
+                {"type": "reasoning", "id": new_id("rs"), "summary": []})
+            self.text += event.text
+            return frames + [self._event("response.reasoning_summary_text.delta", item_id=self.open["id"],
+                                         output_index=self._index, summary_index=0, delta=event.text)]
+        if isinstance(event, ContentDelta) and event.text:
+            frames = [] if self.open and self.open["type"] == "message" else self._open(
+                message_item("", status="in_progress"))
+            self.text += event.text
+            return frames + [self._event("response.output_text.delta", item_id=self.open["id"],
+                                         output_index=self._index, content_index=0, delta=event.text, logprobs=[])]
+        if isinstance(event, ToolCallDelta):
+            return self._call(event.call)
+        if isinstance(event, TurnEnd):
+            if event.finish_reason in ("error", "cancelled"):
+                return self.fail(event.error or f"generation {event.finish_reason}")
+            frames = self._close()
+            self.done = True
+            status = "incomplete" if event.finish_reason == "length" else "completed"
+            return frames + [self._event(f"response.{status}", response=self._response(status, event.usage))]
+        return []
+
+    def _call(self, call: ToolCall) -> list[bytes]:
+        frames = self._close()
+        index = self._index
+        added = call_item(call, self.ctx, done=False)
+        done = call_item(call, self.ctx, id=added["id"])
+        frames.append(self._event("response.output_item.added", output_index=index, item=added))
+        if done["type"] == "custom_tool_call":
+            frames += [
+                self._event("response.custom_tool_call_input.delta", item_id=done["id"], output_index=index,
+                            delta=done["input"]),
+                self._event("response.custom_tool_call_input.done", item_id=done["id"], output_index=index,
+                            input=done["input"]),
+            ]
+        else:
+            frames += [
+                self._event("response.function_call_arguments.delta", item_id=done["id"], output_index=index,
+                            delta=done["arguments"]),
+                self._event("response.function_call_arguments.done", item_id=done["id"], output_index=index,
+                            name=done["name"], arguments=done["arguments"]),
+            ]
+        frames.append(self._event("response.output_item.done", output_index=index, item=done))
+        self.items.append(done)
+        return frames
+
+    def fail(self, message: str) -> list[bytes]:
+        """End the stream after a failure: close the open item, then response.failed."""
+        if self.done:
+            return []
+        self.done = True
+        self.out.finish_reason, self.out.error = "error", message
+        return self._close() + [self._event("response.failed", response=self._response("failed", error=message))]
