@@ -139,8 +139,10 @@ def _assistant_message(content: Any, param: str) -> Message:
                 raise invalid_request(f"{where}.name must be a non-empty string", param=f"{where}.name")
             call_id = block.get("id")
             arguments = block.get("input", {})
-            calls.append(ToolCall(name=name, arguments=orjson.dumps(arguments if arguments is not None else {}).decode(),
-                                  id=call_id if isinstance(call_id, str) and call_id else f"toolu_{uuid.uuid4().hex[:24]}"))
+            if not isinstance(call_id, str) or not call_id:
+                call_id = f"toolu_{uuid.uuid4().hex[:24]}"
+            text = orjson.dumps(arguments if arguments is not None else {}).decode()
+            calls.append(ToolCall(name=name, arguments=text, id=call_id))
         # redacted_thinking, server_tool_use, web_search_tool_result, ...: not ours to replay
     return Message("assistant", "\n".join(texts) if texts or not calls else None,
                    reasoning="\n".join(thinking) or None, tool_calls=calls)

@@ -345,7 +345,9 @@ def reasoning_item(text: str, ctx: ResponsesContext, id: str | None = None) -> d
 
 
 def message_item(text: str, id: str | None = None, status: str = "completed") -> dict[str, Any]:
-    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
+    content = []
+    if status == "completed":
+        content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
     return {"type": "message", "id": id or new_id("msg"), "status": status, "role": "assistant", "content": content}
 
 

@@ -38,7 +38,9 @@ def response(body: AsyncIterator[bytes], headers: dict[str, str] | None = None) 
     )
 
 
-async def with_heartbeat(source: AsyncIterator[T], interval: float, beat: Callable[[], bytes]) -> AsyncIterator[T | bytes]:
+async def with_heartbeat(
+    source: AsyncIterator[T], interval: float, beat: Callable[[], bytes]
+) -> AsyncIterator[T | bytes]:
     """`source`'s items, with `beat()` yielded whenever none came for `interval` seconds.
 
     Long prefills keep a stream silent for minutes; a heartbeat tells the client (and

@@ -35,7 +35,8 @@ FN = {"type": "function", "name": "write", "description": "Write", "strict": Fal
 
 
 def test_pi_body():
-    body = json.loads(shared_path("fixtures", "clients", "pi-responses", "002_POST_v1_responses.json").read_text())["body"]
+    path = shared_path("fixtures", "clients", "pi-responses", "002_POST_v1_responses.json")
+    body = json.loads(path.read_text())["body"]
     turn, ctx = parse_responses_request(body)
     assert [m.role for m in turn.messages] == ["system", "user", "assistant", "tool"]
     (call,) = turn.messages[2].tool_calls

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -321,6 +321,28 @@ def test_non_streaming_engine_fault_is_500_in_the_protocol_shape(engine):
         assert httpx.get(f"{url}/health").json()["status"] == "ok"
 
 
-def test_fixture_paths_are_files():
-    for f in FIXTURES:
-        assert Path(f).is_file()
+def _rows_idle(url: str, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        health = httpx.get(f"{url}/health").json()
+        if health["rows_running"] == 0 and health["rows_waiting"] == 0:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_client_leaving_mid_stream_frees_the_row(engine):
+    with serve(engine) as url:  # no script: the model writes a long answer
+        for path, body in [
+            ("/v1/messages", {"max_tokens": 2000, "stream": True,
+                              "messages": [{"role": "user", "content": "Write a long story."}]}),
+            ("/v1/responses", {"max_output_tokens": 2000, "stream": True, "input": "Write a long story."}),
+        ]:
+            with httpx.stream("POST", url + path, json=body, timeout=120) as r:
+                seen = 0
+                for line in r.iter_lines():
+                    seen += "delta" in line
+                    if seen >= 3:
+                        break  # leave mid-stream: the connection closes
+            assert _rows_idle(url), f"{path}: the streaming row was not freed after the client left"
+        assert httpx.get(f"{url}/metrics").json()["server"]["client_disconnects"] >= 2
