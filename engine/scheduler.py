@@ -19,7 +19,7 @@ import mlx.core as mx
 import numpy as np
 
 from .model_runner import ModelRunner
-from .proposal import Proposal
+from .proposal import VERIFIED_KINDS, Proposal
 from .row import Row
 
 if TYPE_CHECKING:
@@ -130,11 +130,11 @@ class Scheduler:
             mx.eval(row.prefill_cache.arrays())
             row.timings.prefill_s += time.perf_counter() - t0
             return
-        token = self._pick_first(row, logits[:, 0, :])
+        token, kind = self._pick_first(row, logits[:, 0, :])
         row.timings.prefill_s += time.perf_counter() - t0
         self.waiting.popleft()
-        row.commit([token], ["sampled"])
-        self.counters["tokens_sampled"] += 1
+        row.commit([token], [kind])
+        self.counters["tokens_sampled" if kind == "sampled" else f"tokens_{kind}"] += 1
         if self.prefix_cache is not None:  # publish the prompt (after the first token is out)
             self.prefix_cache.on_prompt_done(row)
         if row.finish_reason is None:
@@ -159,7 +159,11 @@ class Scheduler:
                         row.stats.declined[proposer.name] = "model cache cannot be rolled back (recurrent layers)"
                         continue
                     cap = self.config.max_asserted if prop.asserted else self.config.max_proposal
-                    prop.tokens = prop.tokens[: min(budget, cap)]
+                    keep = min(budget, cap)
+                    # An asserted run cut here continues next round: the row must not
+                    # sample between its slices (Proposal.cut; see _choose).
+                    prop.cut = prop.asserted and len(prop.tokens) > keep
+                    prop.tokens = prop.tokens[:keep]
                     prop.proposer = proposer
                     found = prop
                     break
@@ -224,8 +228,16 @@ class Scheduler:
             row.timings.rounds += 1
             row.stats.rounds += 1
             row.stats.forwards += 1
-            counts.append(consumed)
+            before = len(row.output)
             row.commit(tokens, kinds)
+            taken = len(row.output) - before
+            if taken < len(tokens):
+                # EOS or a stop string inside the span: the tokens after it never
+                # happened. The cache keeps only the inputs before the last taken
+                # token; Row.commit counted cut-off verified tokens as rejected.
+                consumed = min(consumed, taken)
+                self.counters["verified_accepted"] -= sum(k in VERIFIED_KINDS for k in kinds[taken:])
+            counts.append(consumed)
             if row.finish_reason is not None:
                 done.append(i)
         self.group.advance(counts)
@@ -283,9 +295,14 @@ class Scheduler:
                     sampler.observe(t)
                     if constraint is not None:
                         constraint.accept(t)
-                tokens = prop.tokens + [pick(k)]
-                kinds = [prop.kind] * k + ["sampled"]
-                out.append((tokens, kinds, 1 + k))
+                if getattr(prop, "cut", False):
+                    # More asserted tokens follow: the last one becomes the pending
+                    # input of the next round instead of a sampled token after it.
+                    out.append((list(prop.tokens), [prop.kind] * k, k))
+                else:
+                    tokens = prop.tokens + [pick(k)]
+                    kinds = [prop.kind] * k + ["sampled"]
+                    out.append((tokens, kinds, 1 + k))
                 feedback = k
             else:
                 accepted = 0
@@ -312,6 +329,18 @@ class Scheduler:
                 proposer.feedback(prop, feedback)
         return out
 
-    def _pick_first(self, row: Row, logits: mx.array) -> int:
-        """The first token after the prompt, from logits [1, V]."""
-        return self._choose([row], [None], logits[:, None, :])[0][0][0]
+    def _pick_first(self, row: Row, logits: mx.array) -> tuple[int, str]:
+        """The first token after the prompt, from logits [1, V], and its kind.
+
+        A row whose proposer asserts from the very start (script mode, a forced tool
+        call) takes that token instead of sampling; verified proposals start next round.
+        """
+        if row.proposers:
+            prop = self._propose(row)
+            if prop is not None and prop.asserted and prop.tokens:
+                tok = prop.tokens[0]
+                row.sampler.observe(tok)
+                if row.constraint is not None:
+                    row.constraint.accept(tok)
+                return tok, prop.kind
+        return self._choose([row], [None], logits[:, None, :])[0][0][0], "sampled"

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from jumpahead.engine.types import EngineError, GenerationRequest
@@ -18,7 +18,7 @@ from jumpahead.engine.types import EngineError, GenerationRequest
 from .errors import invalid_request
 from .output_parser import OutputParser
 from .prompt import continues_final_message, prompt_opens_reasoning, render_prompt
-from .script import FORCE_BIAS, Script, ScriptedProposer, fit_prompt, render_turn, turn_tokens
+from .script import Script, ScriptedProposer, fit_prompt, render_turn, turn_tokens
 from .turn import OutputEvent, Turn, TurnEnd, TurnFinish, TurnOutput, Usage
 
 _TAIL = 32  # output tokens kept to tell which stop string ended a turn
@@ -70,7 +70,6 @@ def prepare_turn(engine: Any, turn: Turn, script: Script | None = None) -> Prepa
             raise invalid_request(f"script turn {index + 1} is {len(tokens)} tokens; it does not fit the "
                                   f"model's {engine.context_length}-token context", code="context_length_exceeded")
         request.prompt = fit_prompt(prompt, min(room, script.prompt_limit or room))
-        request.sampling = replace(turn.sampling, logit_bias={**turn.sampling.logit_bias, tokens[0]: FORCE_BIAS})
         proposer = ScriptedProposer(tokens)
         request.proposers = [proposer]
         _validate(engine, request)

@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 TURN_KEYS = {"text", "reasoning", "tool_calls", "comment"}
 # Logit bias that makes the row's one sampled position before the first proposal (the
 # token after the prompt) pick the script's first token.
-FORCE_BIAS = 1.0e9
 
 
 class ScriptError(ValueError):
@@ -279,11 +278,11 @@ def fit_prompt(prompt: list[int], limit: int) -> list[int]:
 class ScriptedProposer:
     """Proposes the not-yet-emitted rest of a scripted turn as asserted tokens.
 
-    The engine samples one token after each asserted slice and one after the prompt;
-    the first is forced with a logit bias (FORCE_BIAS), and a slice that ends in the
-    EOS token ends the row. If the engine caps a slice (EngineConfig.max_asserted)
-    before the script ends, the token sampled after it is a stray: counted, and the
-    script continues after it.
+    The engine takes an asserted first token instead of sampling after the prompt,
+    and samples only after the last slice of an asserted run (a run cut by
+    EngineConfig.max_asserted continues next round); the script ends with the EOS
+    token, which ends the row. Output tokens that are not the script's (there should
+    be none) are counted as strays and the script continues after them.
     """
 
     name = "scripted"

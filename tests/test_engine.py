@@ -173,3 +173,44 @@ def reference_logits_seq(model, tokens):
     from tests.oracle import reference_logits
 
     return reference_logits(model, tokens)
+
+
+class _Assert:
+    """A proposer that asserts a fixed continuation (as script mode does)."""
+
+    name = "assert"
+
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def propose(self, view, max_len):
+        from jumpahead.engine.proposal import Proposal
+
+        done = len(view.tokens) - view.prompt_len
+        rest = self.tokens[done : done + max_len]
+        return Proposal(rest, "scripted") if rest else None
+
+    def feedback(self, proposal, accepted):
+        pass
+
+
+def test_asserted_run_longer_than_a_round_is_exact(loaded_model):
+    """An asserted continuation cut into several rounds (max_asserted) comes out exactly:
+    its first token replaces the sample after the prompt, no token is sampled between
+    its slices, and the closing EOS ends the row."""
+    from jumpahead.engine.engine import Engine, EngineConfig
+
+    model, tokenizer, info = loaded_model
+    eng = Engine(model, tokenizer, info, EngineConfig(max_asserted=7, prefix_cache=False))
+    try:
+        script = tokenizer.encode("The quick brown fox jumps over the lazy dog, twice: the quick brown fox.")
+        script.append(tokenizer.eos_token_id)
+        prompt = chat(tokenizer, PROMPTS[4])
+        chunks = eng.generate_sync(GenerationRequest(prompt=prompt, max_tokens=100, proposers=[_Assert(script)]))
+        toks = [t for c in chunks for t in c.tokens]
+        kinds = [k for c in chunks for k in c.kinds]
+        assert toks == script and set(kinds) == {"scripted"}
+        assert chunks[-1].finish_reason == "stop"
+        assert chunks[-1].fill["tokens"] == {"scripted": len(script)}
+    finally:
+        eng.close()
