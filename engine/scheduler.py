@@ -102,7 +102,17 @@ class Scheduler:
                 self.counters["cancelled"] += 1
             self._retire(gone)
 
+    def _account(self, row: Row) -> None:
+        """Add a finished row's telemetry to the aggregate counters (/metrics)."""
+        c = self.counters
+        c["rows_finished"] += 1
+        for kind, n in row.stats.by_kind.items():
+            c[f"tokens_{kind}"] += n
+        c["propose_us"] += int(row.stats.propose_s * 1e6)
+
     def _retire(self, indices: list[int]) -> None:
+        for i in indices:
+            self._account(self.running[i])
         if self.prefix_cache is not None:  # publish what each row consumed before its slot goes
             for i in indices:
                 self.prefix_cache.on_retire(self.running[i], self.group, i)
@@ -134,12 +144,13 @@ class Scheduler:
         row.timings.prefill_s += time.perf_counter() - t0
         self.waiting.popleft()
         row.commit([token], [kind])
-        self.counters["tokens_sampled" if kind == "sampled" else f"tokens_{kind}"] += 1
         if self.prefix_cache is not None:  # publish the prompt (after the first token is out)
             self.prefix_cache.on_prompt_done(row)
         if row.finish_reason is None:
             self.group.append_rows(row.prefill_cache)
             self.running.append(row)
+        else:
+            self._account(row)
         row.prefill_cache = None
 
     def _propose(self, row: Row) -> Proposal | None:

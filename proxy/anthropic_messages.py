@@ -252,7 +252,7 @@ def parse_messages_request(body: Any, *, for_counting: bool = False) -> Turn:
         top_k=top_k or 0,
         seed=None if seed is None else seed & _SEED_MASK,
     )
-    extra: dict[str, Any] = {k: body[k] for k in ("metadata", "thinking", "output_config", "context_management",
+    extra: dict[str, Any] = {k: body[k] for k in ("jumpahead", "metadata", "thinking", "output_config", "context_management",
                                                  "service_tier") if k in body}
     if messages[-1].role == "assistant" and not messages[-1].tool_calls:
         extra["continue_final_message"] = True  # Anthropic prefill: the answer continues it
@@ -300,13 +300,16 @@ def stop_reason(finish: TurnFinish, stop_sequence: str | None) -> str:
     return "stop_sequence" if stop_sequence else "end_turn"
 
 
-def usage_json(usage: Usage) -> dict[str, int]:
-    return {
+def usage_json(usage: Usage) -> dict[str, Any]:
+    out: dict[str, Any] = {
         "input_tokens": max(usage.prompt_tokens - usage.cached_tokens, 0),
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": usage.cached_tokens,
         "output_tokens": usage.completion_tokens,
     }
+    if usage.fill is not None:
+        out["fill"] = usage.fill
+    return out
 
 
 def message_object(out: TurnOutput, *, id: str, model: str) -> dict[str, Any]:

@@ -278,7 +278,7 @@ def parse_chat_request(body: Any, vocab_size: int | None = None) -> Turn:
         include_usage = _boolean(_object(stream_options, "stream_options"), "include_usage")
 
     model = body.get("model")
-    extra = {k: body[k] for k in ("reasoning_effort", "metadata", "user", "response_format", "parallel_tool_calls",
+    extra = {k: body[k] for k in ("jumpahead", "reasoning_effort", "metadata", "user", "response_format", "parallel_tool_calls",
                                   "continue_final_message") if k in body}
     return Turn(
         messages=messages,
@@ -302,12 +302,16 @@ def completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
 
 
-def _usage(usage: Usage) -> dict[str, int]:
-    return {
+def _usage(usage: Usage) -> dict[str, Any]:
+    out: dict[str, Any] = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
+    if usage.fill is not None:
+        out["fill"] = usage.fill
+    return out
 
 
 def _tool_call_json(call: ToolCall) -> dict[str, Any]:

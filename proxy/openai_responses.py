@@ -307,7 +307,7 @@ def parse_responses_request(body: Any, store: ResponseStore | None = None) -> tu
         seed=None if seed is None else seed & _SEED_MASK,
     )
     model = body.get("model")
-    extra = {k: body[k] for k in ("reasoning", "metadata", "user", "prompt_cache_key", "parallel_tool_calls",
+    extra = {k: body[k] for k in ("jumpahead", "reasoning", "metadata", "user", "prompt_cache_key", "parallel_tool_calls",
                                   "text", "include", "truncation") if k in body}
     turn = Turn(
         messages=messages,
@@ -333,6 +333,7 @@ def _usage(usage: Usage, reasoning_tokens: int = 0) -> dict[str, Any]:
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": usage.total_tokens,
+        **({"fill": usage.fill} if usage.fill is not None else {}),
     }
 
 

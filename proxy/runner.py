@@ -42,6 +42,23 @@ def _validate(engine: Any, request: GenerationRequest) -> None:
         raise invalid_request(str(exc), code="context_length_exceeded" if "context" in str(exc) else None) from exc
 
 
+def request_methods(turn: Turn) -> list[str]:
+    """Proposal methods asked for in the request's `jumpahead` object (any protocol):
+    `{"jumpahead": {"methods": ["echo", "ngram", "draft", "strict"]}}`; none means the
+    server's defaults (`serve --methods`)."""
+    options = turn.extra.get("jumpahead")
+    if options is None:
+        return []
+    if not isinstance(options, dict):
+        raise invalid_request("'jumpahead' must be an object", param="jumpahead")
+    methods = options.get("methods", [])
+    if isinstance(methods, str):
+        methods = [methods]
+    if not isinstance(methods, list) or not all(isinstance(m, str) for m in methods):
+        raise invalid_request("'jumpahead.methods' must be a list of method names", param="jumpahead.methods")
+    return list(methods)
+
+
 def prepare_turn(engine: Any, turn: Turn, script: Script | None = None) -> PreparedTurn:
     """Render and validate. Raises APIError(400) for a Turn the model cannot run.
 
@@ -51,7 +68,8 @@ def prepare_turn(engine: Any, turn: Turn, script: Script | None = None) -> Prepa
     tokenizer = engine.tokenizer
     prompt = render_prompt(tokenizer, turn)
     max_tokens = turn.max_tokens if turn.max_tokens is not None else engine.context_length
-    request = GenerationRequest(prompt=prompt, sampling=turn.sampling, max_tokens=max_tokens, stop=list(turn.stop))
+    request = GenerationRequest(prompt=prompt, sampling=turn.sampling, max_tokens=max_tokens, stop=list(turn.stop),
+                                methods=request_methods(turn))
     tools = turn.tools if turn.tools_enabled else None
     in_reasoning = prompt_opens_reasoning(tokenizer, prompt)
     parser = OutputParser.for_tokenizer(tokenizer, tools, in_reasoning=in_reasoning)
@@ -167,7 +185,7 @@ async def stream_turn(engine: Any, prepared: PreparedTurn, stats: Counter[str] |
                 if chunk.finish_reason is not None:
                     reason, error = chunk.finish_reason, chunk.error
                     usage = Usage(chunk.prompt_tokens or usage.prompt_tokens, chunk.completion_tokens,
-                                  int(getattr(chunk, "cached_tokens", 0) or 0))
+                                  int(getattr(chunk, "cached_tokens", 0) or 0), chunk.fill)
     except EngineError as exc:
         reason, error = "error", str(exc)
     for event in parser.finish():

@@ -25,6 +25,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port to bind (default: 8000)")
     parser.add_argument("--max-batch", type=_positive, default=8, help="rows decoded together (default: 8)")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="log level (default: info)")
+    parser.add_argument("--methods", default="", metavar="LIST",
+                        help="proposal methods for requests that name none, comma-separated: "
+                             "echo, ngram, draft, strict (default: none)")
+    parser.add_argument("--max-proposal", type=_positive, default=16, metavar="K",
+                        help="most verified proposal tokens a row carries into one round (default: 16)")
+    parser.add_argument("--no-prefix-cache", action="store_true",
+                        help="do not reuse cached prompt prefixes across requests")
+    parser.add_argument("--no-ssd-cache", action="store_true",
+                        help="keep the prefix cache in RAM only (no files that survive restarts)")
+    parser.add_argument("--prefix-cache-dir", default=None, metavar="DIR",
+                        help="SSD tier folder (default: $JUMPAHEAD_HOME or ~/.cache/jumpahead, "
+                             "/prompt-cache/<model>)")
+    parser.add_argument("--prefix-cache-ram-gb", type=float, default=2.0, metavar="GB",
+                        help="RAM budget of the prefix cache (default: 2)")
+    parser.add_argument("--prefix-cache-ssd-gb", type=float, default=16.0, metavar="GB",
+                        help="disk cap of the SSD tier (default: 16)")
     parser.add_argument("--script", default=None, metavar="FILE",
                         help="forced-continuation replay: each request is answered with the next turn of FILE "
                              "(JSONL: {\"reasoning\", \"text\", \"tool_calls\"} per line), appended through the "
@@ -63,10 +79,24 @@ def run(args: argparse.Namespace) -> int:
     import jumpahead.engine  # noqa: F401  (loads OpenBLAS before mlx)
     from jumpahead.engine.engine import Engine, EngineConfig
 
-    config = EngineConfig(max_batch=args.max_batch)
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    unknown = [m for m in methods if m not in ("echo", "ngram", "draft", "strict")]
+    if unknown:
+        print(f"jumpahead: unknown method(s) in --methods: {', '.join(unknown)} "
+              "(known: echo, ngram, draft, strict)", file=sys.stderr)
+        return 2
+    config = EngineConfig(
+        max_batch=args.max_batch,
+        max_proposal=args.max_proposal,
+        default_methods=methods,
+        prefix_cache=not args.no_prefix_cache,
+        prefix_cache_ssd=not args.no_ssd_cache,
+        prefix_cache_dir=args.prefix_cache_dir,
+        prefix_cache_ram_bytes=int(args.prefix_cache_ram_gb * (1 << 30)),
+        prefix_cache_ssd_bytes=int(args.prefix_cache_ssd_gb * (1 << 30)),
+    )
     if script is not None:
-        # A scripted turn goes in as one asserted slice: the engine samples a token after
-        # every slice, which would put a stray token into the script (see script.py).
+        # A scripted turn goes in as one asserted slice where it fits: fewer, wider rounds.
         config.max_asserted = max(config.max_asserted, min(script.max_bytes() + 8, MAX_SCRIPT_SLICE))
     try:
         engine = Engine.load(args.model, config, progress=log.info)

@@ -94,6 +94,7 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the engine's prefix cache
+    fill: dict | None = None  # the engine's usage.fill telemetry (tokens by kind, ...)
 
     @property
     def total_tokens(self) -> int:

@@ -294,3 +294,28 @@ def test_engine_failure_mid_stream_still_ends_with_done(engine):
         assert "shut down" in error["message"]
         r = httpx.post(f"{url}/v1/chat/completions", json={**body, "stream": False}, timeout=30)
         assert r.status_code == 500 and "shut down" in r.json()["error"]["message"]
+
+
+def test_request_methods_and_fill_usage(client, base_url):
+    """`jumpahead.methods` turns on a proposal method per request; the answer equals
+    ordinary decoding at temperature 0 and usage reports fill telemetry and cached tokens."""
+    code = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n"
+    messages = [{"role": "user", "content": f"Repeat this code exactly:\n```python\n{code}```"}]
+    plain = client.chat.completions.create(model="local", messages=messages, max_tokens=40, temperature=0)
+    echo = client.chat.completions.create(model="local", messages=messages, max_tokens=40, temperature=0,
+                                          extra_body={"jumpahead": {"methods": ["echo"]}})
+    assert echo.choices[0].message.content == plain.choices[0].message.content
+    fill = echo.usage.model_extra["fill"]
+    assert sum(fill["tokens"].values()) == echo.usage.completion_tokens
+    assert fill["verified"]["accepted"] == fill["tokens"].get("echo", 0)
+    assert fill["verified"]["proposed"] > 0, fill
+    # the second identical prompt starts from the prefix the first one published
+    assert echo.usage.prompt_tokens_details.cached_tokens > 0
+    bad = httpx.post(f"{base_url}/v1/chat/completions", json={
+        "model": "local", "messages": messages, "max_tokens": 4, "jumpahead": {"methods": ["warp"]}})
+    assert bad.status_code == 400 and "warp" in bad.json()["error"]["message"]
+    bad = httpx.post(f"{base_url}/v1/chat/completions", json={
+        "model": "local", "messages": messages, "max_tokens": 4, "jumpahead": ["echo"]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "jumpahead"
+    metrics = httpx.get(f"{base_url}/metrics").json()["engine"]
+    assert metrics["tokens_echo"] >= fill["tokens"].get("echo", 0) and metrics["rows_finished"] >= 2
