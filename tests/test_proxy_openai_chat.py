@@ -214,7 +214,8 @@ def test_chat_completion_body():
         "role": "assistant", "content": None, "reasoning_content": "why",
         "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"command":"ls"}'}}],
     }
-    assert body["usage"] == {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    assert body["usage"] == {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     orjson.dumps(body)
 
 
