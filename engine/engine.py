@@ -41,6 +41,7 @@ class EngineConfig:
     prefix_cache_ssd: bool = True
     prefix_cache_dir: str | None = None
     prefix_cache_ssd_bytes: int = 16 << 30
+    draft_model: str | None = None  # mlx-lm folder of a draft model (method "draft")
 
 
 class Engine:
@@ -64,6 +65,10 @@ class Engine:
             ),
         )
         self.draft = None  # DraftModel, set by attach_draft
+        if self.config.draft_model:
+            from .draft import DraftModel
+
+            self.attach_draft(DraftModel.load(self.config.draft_model, progress=lambda s: None))
         self._wake = threading.Event()
         self.prefix_cache = self._make_prefix_cache()
         self.scheduler.prefix_cache = self.prefix_cache
@@ -84,6 +89,11 @@ class Engine:
 
         m, tok, info = load_model(model, progress=progress)
         return cls(m, tok, info, config)
+
+    def attach_draft(self, draft: Any) -> None:
+        """Serve method "draft" with `draft` (a DraftModel); refuses another tokenizer family."""
+        draft.check_compatible(self.tokenizer)
+        self.draft = draft
 
     def _make_prefix_cache(self) -> Any:
         """The prefix cache this config asks for (None when disabled)."""

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .proposal import Constraint, Proposal, ProposalStats, Proposer, RowView
+from .proposal import VERIFIED_KINDS, Constraint, Proposal, ProposalStats, Proposer, RowView
 from .row_cache import RowKVCache
 from .sampler import RowSampler
 from .types import FinishReason, GenerationRequest, Timings, TokenChunk, TokenKind
@@ -118,6 +118,12 @@ class Row:
                 self.finish_reason = "length"
                 break
         self.pending = None if self.finish_reason else taken[-1]
+        # Verified tokens accepted after EOS or a stop string were never emitted:
+        # count them as rejected, so accepted + sampled = completion tokens.
+        cut = sum(k in VERIFIED_KINDS for k in kinds[len(taken):])
+        if cut:
+            self.stats.accepted -= cut
+            self.stats.rejected += cut
         self._emit(taken, taken_kinds)
 
     def finish(self, reason: FinishReason, error: str | None = None) -> None:
