@@ -28,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", default="", metavar="LIST",
                         help="proposal methods for requests that name none, comma-separated: "
                              "echo, ngram, draft, strict (default: none)")
+    parser.add_argument("--draft-model", default=None, metavar="PATH|truncated[:N]",
+                        help="a draft model for method 'draft' (same tokenizer family as --model); "
+                             "'truncated:N' builds the default model's first N layers (default N=4)")
     parser.add_argument("--max-proposal", type=_positive, default=16, metavar="K",
                         help="most verified proposal tokens a row carries into one round (default: 16)")
     parser.add_argument("--no-prefix-cache", action="store_true",
@@ -103,6 +106,24 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:
         print(f"jumpahead: cannot load model {args.model or '(default)'}: {type(exc).__name__}: {exc}",
               file=sys.stderr)
+        return 2
+
+    if args.draft_model:
+        from jumpahead.engine.draft import DraftModel, DraftModelError, ensure_draft_model
+
+        try:
+            spec = args.draft_model
+            if spec == "truncated" or spec.startswith("truncated:"):
+                n = int(spec.partition(":")[2] or 4)
+                spec = str(ensure_draft_model(n, progress=log.info))
+            engine.attach_draft(DraftModel.load(spec, engine.tokenizer, progress=log.info))
+        except (DraftModelError, ValueError, OSError) as exc:
+            engine.close()
+            print(f"jumpahead: cannot use draft model {args.draft_model}: {exc}", file=sys.stderr)
+            return 2
+    elif "draft" in methods:
+        engine.close()
+        print("jumpahead: --methods draft needs --draft-model", file=sys.stderr)
         return 2
 
     import uvicorn
