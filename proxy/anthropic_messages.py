@@ -72,6 +72,23 @@ def _text_of(content: Any, param: str) -> str:
     return "\n".join(texts)
 
 
+BILLING_HEADER = "x-anthropic-billing-header:"
+
+
+def _drop_billing_header(system: Any) -> Any:
+    """Claude Code's first system block is billing metadata that changes with every
+    client version (and may carry per-request values). A local model does not need it,
+    and since it comes first it would defeat prefix reuse for the whole ~20k-token
+    prompt (docs/prefix-cache.md), so it is left out of the rendered prompt."""
+    if isinstance(system, list):
+        return [b for b in system if not (isinstance(b, dict) and isinstance(b.get("text"), str)
+                                          and b["text"].lstrip().startswith(BILLING_HEADER))]
+    if isinstance(system, str) and system.lstrip().startswith(BILLING_HEADER):
+        first, _, rest = system.lstrip().partition("\n")
+        return rest
+    return system
+
+
 def _text_document(block: dict[str, Any]) -> str | None:
     source = block.get("source")
     if block.get("type") == "document" and isinstance(source, dict) and source.get("type") == "text":
@@ -235,7 +252,7 @@ def parse_messages_request(body: Any, *, for_counting: bool = False) -> Turn:
     if not isinstance(raw_messages, list) or not raw_messages:
         raise invalid_request("messages must be a non-empty array", param="messages")
     messages: list[Message] = []
-    system = body.get("system")
+    system = _drop_billing_header(body.get("system"))
     if system is not None:
         text = _text_of(system, "system")
         if text:

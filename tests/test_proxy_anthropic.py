@@ -156,3 +156,23 @@ def test_stream_failure_still_ends_with_message_stop():
     assert names[-3:] == ["content_block_stop", "error", "message_stop"]
     error = _events(frames)[-2][1]
     assert error["error"] == {"type": "api_error", "message": "engine broke"}
+
+
+def test_billing_header_is_left_out_of_the_prompt():
+    """Claude Code's per-version billing line would defeat prefix reuse; two requests
+    that differ only there render to the same system message."""
+    import copy
+    import json
+
+    from tests.conftest import shared_path
+    from jumpahead.proxy.anthropic_messages import parse_messages_request
+
+    path = shared_path("fixtures", "clients", "claude-code", "001_POST_v1_messages.json")
+    body = json.loads(path.read_text())["body"]
+    other = copy.deepcopy(body)
+    first = other["system"][0]
+    assert first["text"].startswith("x-anthropic-billing-header:")
+    first["text"] = "x-anthropic-billing-header: cc_version=9.9.9.abc; cc_entrypoint=sdk-cli; cch=12345;"
+    a, b = parse_messages_request(body), parse_messages_request(other)
+    assert a.messages[0].role == "system" and a.messages[0].content == b.messages[0].content
+    assert "billing-header" not in a.messages[0].content
