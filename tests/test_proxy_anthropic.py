@@ -26,7 +26,8 @@ def test_claude_code_body():
     turn = parse_messages_request(fixture_body("claude-code/002_POST_v1_messages.json"))
     roles = [m.role for m in turn.messages]
     assert roles == ["system", "user", "system", "assistant", "tool"]
-    assert turn.messages[0].content.startswith("x-anthropic-billing-header")  # 3 system blocks joined
+    # the system blocks joined, less the billing-header block (it would defeat prefix reuse)
+    assert turn.messages[0].content.startswith("You are a Claude agent")
     assert len(turn.tools) == 24 and turn.stream and turn.max_tokens == 32000
     assert turn.thinking is None  # adaptive: the template's default
     (call,) = turn.messages[3].tool_calls
