@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 
 # kind -> (module with main(argv) -> int, help)
 KINDS: dict[str, tuple[str, str]] = {
@@ -24,5 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import jumpahead.engine  # noqa: F401  (loads OpenBLAS before mlx)
 
-    module = importlib.import_module(KINDS[args.kind][0])
+    name = KINDS[args.kind][0]
+    module = importlib.import_module(name)
+    if not hasattr(module, "main"):
+        print(f"jumpahead bench {args.kind}: {name} has no main(argv) yet", file=sys.stderr)
+        return 2
     return int(module.main(list(args.args)) or 0)
