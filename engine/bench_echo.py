@@ -1,0 +1,288 @@
+"""Echo benchmark: verified copies from the context vs ordinary decoding.
+
+Arms run interleaved (ABAB, order alternating per repeat) in one process on one
+loaded model, so machine noise hits both alike; each figure is a median ratio.
+
+1. copy-heavy turns (the answer repeats spans of the prompt: edit a file it
+   contains): echo vs ordinary generation tokens/s (first to last token), outputs
+   compared token for token. Target >= 1.5x.
+2. turns with nothing to copy: echo on vs off. Target <= 3% slower.
+3. a batch of 4 mixed rows (two copy-heavy, two plain; all with echo, so some
+   propose and some do not) vs the same rows without proposals: aggregate tokens/s
+   over the whole batch (submit to last token). Target: not lower.
+4. what limits the figures: the cost of one forward at width 1, 9 and 17 (a row
+   carrying 0, 8 or 16 proposal tokens) at B=1 and B=4, relative to width 1.
+
+`python -m jumpahead.engine.bench_echo [--tokens N] [--repeats R] [--out F]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from typing import Any
+
+import mlx.core as mx
+
+from .engine import Engine
+from .types import GenerationRequest
+
+PY_FILE = '''import json
+import os
+from dataclasses import dataclass
+
+
+@dataclass
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    debug: bool = False
+    workers: int = 4
+
+
+def load_settings(path: str) -> Settings:
+    """Read settings from a JSON file; missing keys keep their defaults."""
+    if not os.path.exists(path):
+        return Settings()
+    with open(path) as f:
+        data = json.load(f)
+    return Settings(**{k: v for k, v in data.items() if k in Settings.__annotations__})
+
+
+def save_settings(settings: Settings, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(settings.__dict__, f, indent=2)
+'''
+
+CONFIG = '''server:
+  host: 127.0.0.1
+  port: 8080
+  workers: 4
+  timeout_seconds: 30
+database:
+  url: postgres://localhost:5432/app
+  pool_size: 10
+  echo_queries: false
+logging:
+  level: info
+  format: "%(asctime)s %(levelname)s %(message)s"
+  file: /var/log/app.log
+'''
+
+COPY_TASKS = [
+    f"Here is settings.py:\n```python\n{PY_FILE}```\nChange the default port to 9090. Show the whole updated file.",
+    f"Here is config.yaml:\n```yaml\n{CONFIG}```\nSet the logging level to debug. Show the whole updated file.",
+]
+PLAIN_TASKS = [
+    "Write a long, detailed essay about the history of the printing press.",
+    "Explain step by step how a compiler turns source code into machine code.",
+]
+
+
+def _chat(tokenizer, text: str) -> list[int]:
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+
+
+async def _one(engine: Engine, req: GenerationRequest) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    stamps: list[tuple[float, float]] = []  # (wall, process cpu) at each chunk with tokens
+    tokens: list[int] = []
+    first = 0  # tokens in the first chunk (they come with the prefill)
+    fill = None
+    async for chunk in engine.stream(req):
+        if chunk.tokens:
+            stamps.append((time.perf_counter(), time.process_time()))
+            tokens += chunk.tokens
+            first = first or len(chunk.tokens)
+        if chunk.finish_reason is not None:
+            fill = chunk.fill
+    # generation speed: tokens after the first chunk over first -> last chunk, by the
+    # wall clock and by the process's CPU time (this machine is shared: CPU time is
+    # far less disturbed by other processes than the wall clock)
+    n = len(tokens) - first
+    wall = stamps[-1][0] - stamps[0][0] if len(stamps) > 1 else 0.0
+    cpu = stamps[-1][1] - stamps[0][1] if len(stamps) > 1 else 0.0
+    return {"tokens": tokens, "tps": n / wall if wall > 0 else 0.0, "tps_cpu": n / cpu if cpu > 0 else 0.0,
+            "start": t0, "end": stamps[-1][0] if stamps else t0, "fill": fill}
+
+
+class NoProposals:
+    """A proposer that never proposes: what a row pays just for having a proposer
+    (it leaves the pipelined plain-greedy path for the general round)."""
+
+    name = "none"
+
+    def propose(self, view, max_len):
+        return None
+
+    def feedback(self, proposal, accepted):
+        pass
+
+
+def _request(prompt: list[int], methods: list[str], n: int) -> GenerationRequest:
+    if methods == ["noop"]:
+        return GenerationRequest(prompt=prompt, max_tokens=n, methods=["off"], proposers=[NoProposals()])
+    return GenerationRequest(prompt=prompt, max_tokens=n, methods=list(methods) or ["off"])
+
+
+def _rows(engine: Engine, prompts: list[list[int]], methods: list[list[str]], n: int) -> dict[str, Any]:
+    """Run rows together; per-row results plus the batch's aggregate tokens/s
+    (submit to last token) by wall clock and by process CPU time."""
+    async def go():
+        return await asyncio.gather(*[_one(engine, _request(p, m, n)) for p, m in zip(prompts, methods)])
+
+    w0, c0 = time.perf_counter(), time.process_time()
+    rows = asyncio.run(go())
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    total = sum(len(r["tokens"]) for r in rows)
+    return {"rows": rows, "agg_tps": total / wall, "agg_tps_cpu": total / cpu}
+
+
+def width_costs(engine: Engine, context: int = 256, widths=(1, 9, 17), batches=(1, 4), reps: int = 8) -> dict[str, Any]:
+    """Median ms (wall and process CPU) of one forward of width W over B rows with
+    ~`context` tokens cached, widths interleaved. The B=4 rows have unequal ends (the
+    per-row mask path a mixed batch takes). Logits at every position when W > 1, as
+    a verifying round needs."""
+    runner = engine.runner
+    out: dict[str, Any] = {}
+    prompt = [(i * 7919) % 30000 + 100 for i in range(context)]
+    # the engine thread is idle here; run on our own stream
+    with mx.stream(mx.new_stream(mx.default_device())):
+        for b in batches:
+            cache = runner.new_cache()
+            cache.ends = [0] * b
+            runner.forward([prompt] * b, cache, None)
+            cache.advance([context - 4 * i for i in range(b)])
+            mx.eval(cache.arrays())
+            wall: dict[int, list[float]] = {w: [] for w in widths}
+            cpu: dict[int, list[float]] = {w: [] for w in widths}
+            for rep in range(reps + 1):
+                for w in widths:
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    logits = runner.forward([[5] * w] * b, cache, slice(None) if w > 1 else slice(-1, None))
+                    mx.eval(mx.argmax(logits, axis=-1))
+                    if rep:  # not advanced: each rep rewrites the same slots
+                        wall[w].append(time.perf_counter() - t0)
+                        cpu[w].append(time.process_time() - c0)
+            row: dict[str, float] = {}
+            for w in widths:
+                row[f"w{w}_ms"] = round(statistics.median(wall[w]) * 1000, 2)
+                row[f"w{w}_cpu_ms"] = round(statistics.median(cpu[w]) * 1000, 2)
+            for w in widths[1:]:
+                row[f"w{w}_over_w1"] = round(row[f"w{w}_ms"] / row[f"w{widths[0]}_ms"], 3)
+                row[f"w{w}_over_w1_cpu"] = round(row[f"w{w}_cpu_ms"] / row[f"w{widths[0]}_cpu_ms"], 3)
+            out[f"B{b}"] = row
+    return out
+
+
+def _summary(a: list[dict[str, float]], b: list[dict[str, float]], key: str) -> dict[str, Any]:
+    """Arm a vs arm b: medians and the median of per-pair ratios (pairs ran back to back)."""
+    out: dict[str, Any] = {}
+    for clock, k in (("wall", key), ("cpu", key + "_cpu")):
+        ra = [x[k] for x in a]
+        rb = [x[k] for x in b]
+        out[clock] = {
+            "tok_s": round(statistics.median(ra), 2),
+            "baseline_tok_s": round(statistics.median(rb), 2),
+            "ratio": round(statistics.median([x / y for x, y in zip(ra, rb) if y > 0]), 3),
+        }
+    return out
+
+
+def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3) -> dict[str, Any]:
+    engine = Engine.load(model_name, progress=lambda s: None)
+    tok = engine.tokenizer
+    copy_prompts = [_chat(tok, t) for t in COPY_TASKS]
+    plain_prompts = [_chat(tok, t) for t in PLAIN_TASKS]
+    mixed = [copy_prompts[0], plain_prompts[0], copy_prompts[1], plain_prompts[1]]
+    _rows(engine, copy_prompts[:1], [["echo"]], 8)  # warm-up
+    _rows(engine, copy_prompts[:1], [[]], 8)
+
+    arms: dict[str, list[dict[str, float]]] = {}
+    identical: dict[str, list[bool]] = {"copy": [], "plain": [], "mixed": []}
+    telemetry: list[dict] = []
+    methods = {"base": [], "echo": ["echo"], "noop": ["noop"]}
+    for r in range(repeats):
+        order = ("base", "echo", "noop") if r % 2 == 0 else ("noop", "echo", "base")
+        for group, prompts in (("copy", copy_prompts), ("plain", plain_prompts)):
+            for p in prompts:
+                got = {}
+                for arm in order:
+                    if arm == "noop" and group == "copy":
+                        continue
+                    row = _rows(engine, [p], [methods[arm]], tokens)["rows"][0]
+                    arms.setdefault(f"{group}_{arm}", []).append(row)
+                    got[arm] = row
+                identical[group].append(got["base"]["tokens"] == got["echo"]["tokens"])
+                if r == 0:
+                    telemetry.append({"group": group, **got["echo"]["fill"]})
+        got = {}
+        for arm in order + ("echo_cap4",):
+            if arm == "noop":
+                continue
+            if arm == "echo_cap4":  # the same rows with proposals capped at 4 tokens (width <= 5)
+                cap, engine.scheduler.config.max_proposal = engine.scheduler.config.max_proposal, 4
+                res = _rows(engine, mixed, [["echo"]] * 4, tokens)
+                engine.scheduler.config.max_proposal = cap
+            else:
+                res = _rows(engine, mixed, [methods[arm]] * 4, tokens)
+            arms.setdefault(f"mixed_{arm}", []).append(res)
+            got[arm] = [x["tokens"] for x in res["rows"]]
+            if r == 0 and arm == "echo":
+                telemetry += [{"group": "mixed", **x["fill"]} for x in res["rows"]]
+        identical["mixed"].append(got["base"] == got["echo"])
+
+    widths = width_costs(engine)
+    engine.close()
+    return {
+        "bench": "echo",
+        "model": engine.info.name,
+        "dtype": engine.info.dtype,
+        "device": str(mx.default_device()),
+        "tokens_per_row": tokens,
+        "repeats": repeats,
+        "copy_heavy": {
+            "echo_vs_ordinary": _summary(arms["copy_echo"], arms["copy_base"], "tps"),
+            "target": "ratio >= 1.5",
+            "identical_outputs": all(identical["copy"]),
+        },
+        "nothing_to_copy": {
+            "echo_vs_ordinary": _summary(arms["plain_echo"], arms["plain_base"], "tps"),
+            "target": "ratio >= 0.97",
+            "identical_outputs": all(identical["plain"]),
+            # a proposer that never proposes: what leaving the pipelined greedy path costs
+            "never_proposing_vs_ordinary": _summary(arms["plain_noop"], arms["plain_base"], "tps"),
+        },
+        "mixed_batch_4": {
+            "echo_vs_ordinary": _summary(arms["mixed_echo"], arms["mixed_base"], "agg_tps"),
+            "target": "ratio >= 1.0",
+            # the padded width bounded: proposals capped at 4 tokens (max_proposal=4)
+            "echo_cap4_vs_ordinary": _summary(arms["mixed_echo_cap4"], arms["mixed_base"], "agg_tps"),
+            "identical_outputs": all(identical["mixed"]),
+        },
+        "forward_cost_by_width": widths,
+        "echo_telemetry_first_repeat": telemetry,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(prog="python -m jumpahead.engine.bench_echo", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--tokens", type=int, default=96)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+    text = json.dumps(run(a.model, a.tokens, a.repeats), indent=2)
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
