@@ -8,10 +8,7 @@ writes the rest of the call, and the server parses it out of the output.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,34 +45,7 @@ TOOL_MESSAGES = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def serve(engine) -> Iterator[str]:
-    """Run create_app(engine) with uvicorn in a thread; yield its base URL."""
-    import uvicorn
-
-    from jumpahead.proxy.server import create_app
-
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+from tests.serving import serve  # noqa: E402
 
 
 @pytest.fixture(scope="module")
