@@ -79,6 +79,14 @@ def probe_arguments(fn: dict) -> list[dict]:
     return list(_OTHER_ARGS)
 
 
+def _slim(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        return {k: _slim(v) for k, v in schema.items() if k != "description"}
+    if isinstance(schema, list):
+        return [_slim(v) for v in schema]
+    return schema
+
+
 def _lcp(seqs: Sequence[Sequence[int]]) -> list[int]:
     if not seqs:
         return []
@@ -156,6 +164,7 @@ class ScaffoldBook:
         self.hf = getattr(tokenizer, "_tokenizer", tokenizer)
         self.token_bytes = token_bytes
         self._cache: dict[str, Scaffold | None] = {}
+        self._bases: dict[str, str] = {}
         self._lock = threading.Lock()
         calls = getattr(tokenizer, "has_tool_calling", False)
         self.opener: str | None = (getattr(tokenizer, "tool_call_start", None) if calls else None) or None
@@ -185,7 +194,12 @@ class ScaffoldBook:
     def _render(self, tools: list[dict], calls: list[tuple[str, dict]]) -> str | None:
         """The assistant message's text for `calls`, from the first opener on."""
         user = {"role": "user", "content": "PING"}
-        base = self.tokenizer.apply_chat_template([user], tools=tools, tokenize=False, add_generation_prompt=True)
+        key = json.dumps(tools, sort_keys=True, default=str)
+        base = self._bases.get(key)
+        if base is None:
+            base = self._bases[key] = self.tokenizer.apply_chat_template(
+                [user], tools=tools, tokenize=False, add_generation_prompt=True
+            )
         message = {
             "role": "assistant",
             "content": "",
@@ -228,9 +242,12 @@ class ScaffoldBook:
         if not fns:
             return None
         shapes = []
+        self._bases = {}
         for fn in fns:
             name = fn["name"]
-            only = [{"type": "function", "function": fn}]
+            # the tool alone, without descriptions: how a call renders does not depend on
+            # them, and long ones (Claude Code's) make each probe rendering slow
+            only = [{"type": "function", "function": {"name": name, "parameters": _slim(fn.get("parameters") or {})}}]
             probes = probe_arguments(fn)
             follow = (name, probes[0])
             rends = [self._rendering(only, name, a, None) for a in probes]
