@@ -1,7 +1,9 @@
 """Echo benchmark: verified copies from the context vs ordinary decoding.
 
-Arms run interleaved (ABAB, order alternating per repeat) in one process on one
-loaded model, so machine noise hits both alike; each figure is a median ratio.
+Arms run interleaved (order alternating per repeat) in one process on one loaded
+model, so machine noise hits them alike; each ratio is the median of per-pair ratios
+(pairs ran back to back), by wall clock and by process CPU time (on a shared machine
+the CPU clock is less disturbed by other processes).
 
 1. copy-heavy turns (the answer repeats spans of the prompt: edit a file it
    contains): echo vs ordinary generation tokens/s (first to last token), outputs
@@ -9,9 +11,11 @@ loaded model, so machine noise hits both alike; each figure is a median ratio.
 2. turns with nothing to copy: echo on vs off. Target <= 3% slower.
 3. a batch of 4 mixed rows (two copy-heavy, two plain; all with echo, so some
    propose and some do not) vs the same rows without proposals: aggregate tokens/s
-   over the whole batch (submit to last token). Target: not lower.
+   over the whole batch (submit to last token). Target: not lower. Also with the
+   proposals capped at 4 tokens (max_proposal=4), to show the padded width's share.
 4. what limits the figures: the cost of one forward at width 1, 9 and 17 (a row
-   carrying 0, 8 or 16 proposal tokens) at B=1 and B=4, relative to width 1.
+   carrying 0, 8 or 16 proposal tokens) at B=1 and B=4, relative to width 1; and
+   a proposer that never proposes (what leaving the pipelined greedy path costs).
 
 `python -m jumpahead.engine.bench_echo [--tokens N] [--repeats R] [--out F]`.
 """
@@ -231,7 +235,7 @@ def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3) -> di
             got[arm] = [x["tokens"] for x in res["rows"]]
             if r == 0 and arm == "echo":
                 telemetry += [{"group": "mixed", **x["fill"]} for x in res["rows"]]
-        identical["mixed"].append(got["base"] == got["echo"])
+        identical["mixed"].append(got["base"] == got["echo"] == got["echo_cap4"])
 
     widths = width_costs(engine)
     engine.close()
