@@ -23,7 +23,7 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .engine import Engine
 from .types import GenerationRequest
@@ -45,9 +45,11 @@ TASKS: dict[str, list[str]] = {
 }
 
 
-def tool_call_turns(tokenizer: Any, clients: Sequence[str] = tuple(TASKS), fixtures: Path = FIXTURES) -> list[dict]:
-    """One turn per (client, task): the client's system prompt and tools, the task as
-    the user's request. Each turn: name, prompt ids, tools, grammar."""
+def tool_call_turns(
+    tokenizer: Any, clients: Sequence[str] = tuple(TASKS), fixtures: Path = FIXTURES, tasks: int | None = None
+) -> list[dict]:
+    """One turn per (client, task), at most `tasks` per client: the client's system
+    prompt and tools, the task as the user's request. Each: name, prompt ids, tools, grammar."""
     turns = []
     for client in clients:
         body = json.loads((fixtures / client / "001_POST_v1_chat_completions.json").read_text())["body"]
@@ -55,7 +57,7 @@ def tool_call_turns(tokenizer: Any, clients: Sequence[str] = tuple(TASKS), fixtu
         first = body["messages"][-1]
         original = first["content"] if isinstance(first["content"], str) else first["content"][0]["text"]
         original = original.split("\n")[0]
-        for task in TASKS.get(client, []):
+        for task in TASKS.get(client, [])[:tasks]:
             messages = []
             for m in body["messages"]:
                 content = m["content"] if isinstance(m["content"], str) else "\n\n".join(p.get("text", "") for p in m["content"])
@@ -69,7 +71,7 @@ def tool_call_turns(tokenizer: Any, clients: Sequence[str] = tuple(TASKS), fixtu
     return turns
 
 
-def _one(engine: Engine, turn: dict, arm: str, max_tokens: int) -> dict:
+def _one(engine: Engine, turn: dict, arm: str, max_tokens: int, progress: Callable[[str], None] | None = None) -> dict:
     req = GenerationRequest(prompt=turn["prompt"], max_tokens=max_tokens, grammar=turn["grammar"], tools=turn["tools"],
                             methods=["none"] if arm == "constrained" else [])
     engine.strict.asserted = arm == "strict_asserted"
@@ -81,6 +83,9 @@ def _one(engine: Engine, turn: dict, arm: str, max_tokens: int) -> dict:
         engine.strict.asserted = False
     last = chunks[-1]
     kinds = [k for c in chunks for k in c.kinds]
+    if progress is not None:
+        progress(f"{arm:>15} {len(kinds):3d} tokens ({kinds.count('strict')} strict) gen {last.timings.decode_s:6.2f}s "
+                 f"wall {wall:6.2f}s  {turn['name']}")
     return {
         "tokens": [t for c in chunks for t in c.tokens],
         "gen_s": last.timings.decode_s if last.timings else 0.0,
@@ -98,6 +103,8 @@ def run_tool_call_arm(
     clients: Sequence[str] = tuple(TASKS),
     asserted: bool = False,
     fixtures: Path = FIXTURES,
+    tasks: int | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Strict fill vs ordinary constrained decoding on tool-call turns (see module doc).
 
@@ -105,17 +112,17 @@ def run_tool_call_arm(
     time and whole-turn wall, the reduction of strict vs constrained, token counts, and
     per-turn detail. Raises AssertionError if strict and constrained outputs differ.
     """
-    turns = tool_call_turns(engine.tokenizer, clients, fixtures)
+    turns = tool_call_turns(engine.tokenizer, clients, fixtures, tasks)
     arms = ["constrained", "strict"] + (["strict_asserted"] if asserted else [])
     for turn in turns:  # warm-up: prefix cache, grammar compile, template scaffold
-        _one(engine, turn, "constrained", max_tokens)
+        _one(engine, turn, "constrained", max_tokens, progress)
     samples: dict[str, list[list[dict]]] = {a: [] for a in arms}
     for r in range(repeats):
         runs: dict[str, list[dict]] = {a: [] for a in arms}
         for i, turn in enumerate(turns):
             order = arms if (i + r) % 2 == 0 else arms[::-1]
             for arm in order:
-                runs[arm].append(_one(engine, turn, arm, max_tokens))
+                runs[arm].append(_one(engine, turn, arm, max_tokens, progress))
         for arm in arms:
             samples[arm].append(runs[arm])
     # identical outputs: strict (verified) must reproduce constrained decoding exactly
