@@ -29,7 +29,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from .engine import Engine
+from .engine import Engine, EngineConfig
 from .types import GenerationRequest
 
 PY_FILE = '''import json
@@ -195,7 +195,8 @@ def _summary(a: list[dict[str, float]], b: list[dict[str, float]], key: str) -> 
 
 
 def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3) -> dict[str, Any]:
-    engine = Engine.load(model_name, progress=lambda s: None)
+    # no SSD tier: its writes would add noise, and the RAM tier gives all arms the same state
+    engine = Engine.load(model_name, EngineConfig(prefix_cache_ssd=False), progress=lambda s: None)
     tok = engine.tokenizer
     copy_prompts = [_chat(tok, t) for t in COPY_TASKS]
     plain_prompts = [_chat(tok, t) for t in PLAIN_TASKS]

@@ -194,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--asserted", action="store_true", help="also run strict fill with unverified assertion")
     parser.add_argument("--skip-echo", action="store_true", help="only the tool-call arm")
     args = parser.parse_args(argv)
-    engine = Engine.load(args.model, EngineConfig(prefix_cache=False), progress=lambda s: None)
+    # RAM prefix cache only: the warm-up pass gives every arm the same cache state.
+    engine = Engine.load(args.model, EngineConfig(prefix_cache_ssd=False), progress=lambda s: None)
     try:
         out: dict[str, Any] = {"bench": "fill", "tool_calls": run_tool_call_arm(
             engine, args.repeats, args.max_tokens, asserted=args.asserted)}

@@ -30,6 +30,10 @@ class Proposal:
     # Verify tokens of an asserted kind instead (exact strict fill: the tokens keep their
     # kind but are accepted only where the row's sampler picks them; engine/grammar.py).
     verify: bool = False
+    # Set by the scheduler: who proposed it (for feedback), and whether an asserted
+    # run was cut at the round's width cap (its rest follows next round, unsampled).
+    proposer: "Proposer | None" = field(default=None, repr=False, compare=False)
+    cut: bool = False
 
     @property
     def asserted(self) -> bool:

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .proposal import VERIFIED_KINDS, Constraint, Proposal, ProposalStats, Proposer, RowView
+from .proposal import Constraint, Proposal, ProposalStats, Proposer, RowView
 from .row_cache import RowKVCache
 from .sampler import RowSampler
 from .types import FinishReason, GenerationRequest, Timings, TokenChunk, TokenKind
@@ -90,8 +90,11 @@ class Row:
     def view(self) -> RowView:
         return RowView(self.req.prompt + self.output, len(self.req.prompt), self.max_tokens - len(self.output))
 
-    def commit(self, tokens: list[int], kinds: list[TokenKind]) -> None:
-        """Append chosen tokens, apply EOS/stop/length, and emit one chunk."""
+    def commit(self, tokens: list[int], kinds: list[TokenKind], accepted: int = 0) -> None:
+        """Append chosen tokens, apply EOS/stop/length, and emit one chunk.
+
+        `accepted`: how many leading tokens are verified proposal tokens (already
+        counted in stats.accepted by the scheduler)."""
         now = time.perf_counter()
         if self.first_token_at is None:
             self.first_token_at = now
@@ -118,12 +121,11 @@ class Row:
                 self.finish_reason = "length"
                 break
         self.pending = None if self.finish_reason else taken[-1]
-        # Verified tokens accepted after EOS or a stop string were never emitted:
-        # count them as rejected, so accepted + sampled = completion tokens.
-        cut = sum(k in VERIFIED_KINDS for k in kinds[len(taken):])
-        if cut:
-            self.stats.accepted -= cut
-            self.stats.rejected += cut
+        # Proposal tokens accepted after EOS or a stop string were never emitted: count
+        # them as rejected (before the final chunk reports usage.fill).
+        cut = max(0, accepted - len(taken))
+        self.stats.accepted -= cut
+        self.stats.rejected += cut
         self._emit(taken, taken_kinds)
 
     def finish(self, reason: FinishReason, error: str | None = None) -> None:

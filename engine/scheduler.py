@@ -19,7 +19,7 @@ import mlx.core as mx
 import numpy as np
 
 from .model_runner import ModelRunner
-from .proposal import VERIFIED_KINDS, Proposal
+from .proposal import Proposal
 from .row import Row
 
 if TYPE_CHECKING:
@@ -235,19 +235,19 @@ class Scheduler:
         picks = self._choose(rows, props, logits)
         counts = []
         done = []
-        for i, (row, prop, (tokens, kinds, consumed)) in enumerate(zip(rows, props, picks)):
+        for i, (row, prop, (tokens, kinds, consumed, accepted)) in enumerate(zip(rows, props, picks)):
             row.timings.rounds += 1
             row.stats.rounds += 1
             row.stats.forwards += 1
             before = len(row.output)
-            row.commit(tokens, kinds)
+            row.commit(tokens, kinds, accepted)
             taken = len(row.output) - before
             if taken < len(tokens):
                 # EOS or a stop string inside the span: the tokens after it never
                 # happened. The cache keeps only the inputs before the last taken
-                # token; Row.commit counted cut-off verified tokens as rejected.
+                # token; Row.commit counts cut-off accepted tokens as rejected.
                 consumed = min(consumed, taken)
-                self.counters["verified_accepted"] -= sum(k in VERIFIED_KINDS for k in kinds[taken:])
+                self.counters["verified_accepted"] -= max(0, accepted - taken)
             counts.append(consumed)
             if row.finish_reason is not None:
                 done.append(i)
@@ -298,7 +298,7 @@ class Scheduler:
                 return tok
 
             if prop is None:
-                out.append(([pick(0)], ["sampled"], 1))
+                out.append(([pick(0)], ["sampled"], 1, 0))
                 continue
             k = len(prop.tokens)
             if prop.asserted:
@@ -306,14 +306,14 @@ class Scheduler:
                     sampler.observe(t)
                     if constraint is not None:
                         constraint.accept(t)
-                if getattr(prop, "cut", False):
+                if prop.cut:
                     # More asserted tokens follow: the last one becomes the pending
                     # input of the next round instead of a sampled token after it.
-                    out.append((list(prop.tokens), [prop.kind] * k, k))
+                    out.append((list(prop.tokens), [prop.kind] * k, k, 0))
                 else:
                     tokens = prop.tokens + [pick(k)]
                     kinds = [prop.kind] * k + ["sampled"]
-                    out.append((tokens, kinds, 1 + k))
+                    out.append((tokens, kinds, 1 + k, 0))
                 feedback = k
             else:
                 accepted = 0
@@ -333,9 +333,9 @@ class Scheduler:
                 row.stats.rejected += k - accepted
                 self.counters["verified_proposed"] += k
                 self.counters["verified_accepted"] += accepted
-                out.append((tokens, kinds, 1 + accepted))
+                out.append((tokens, kinds, 1 + accepted, accepted))
                 feedback = accepted
-            proposer = getattr(prop, "proposer", None)
+            proposer = prop.proposer
             if proposer is not None:
                 proposer.feedback(prop, feedback)
         return out
