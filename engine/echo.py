@@ -70,7 +70,7 @@ class EchoProposer:
             n = min(self.span, max_len, len(tokens) - end)
             if n <= 0:
                 continue
-            return Proposal(list(tokens[end : end + n]), "echo", source=(end, end + n))
+            return Proposal(list(tokens[end : end + n]), "echo", source=(end, end + n), match=k)
         return None
 
     def feedback(self, proposal: Proposal, accepted: int) -> None:
@@ -105,7 +105,7 @@ class NgramProposer:
             if end is not None:
                 n = min(self.span, max_len, len(tokens) - end)
                 if n > 0:
-                    return Proposal(list(tokens[end : end + n]), "ngram", source=(end, end + n))
+                    return Proposal(list(tokens[end : end + n]), "ngram", source=(end, end + n), match=k)
         return None
 
     def feedback(self, proposal: Proposal, accepted: int) -> None:

@@ -31,6 +31,8 @@ class EngineConfig:
     prefill_chunk_busy: int = 128
     max_proposal: int = 16
     max_asserted: int = 64
+    cost_aware: bool = True  # size verified proposals by expected gain (engine/width_policy.py)
+    pipeline_greedy: bool | None = None  # None: on a GPU only (SchedulerConfig)
     default_methods: tuple[str, ...] = ()
     # Prefix cache (engine/prefix_cache.py, engine/ssd_cache.py): reuse the KV of the
     # longest cached prefix of each prompt, in RAM and in an SSD tier that survives
@@ -62,6 +64,8 @@ class Engine:
                 self.config.prefill_chunk_busy,
                 self.config.max_proposal,
                 self.config.max_asserted,
+                self.config.cost_aware,
+                self.config.pipeline_greedy,
             ),
         )
         self.draft = None  # DraftModel, set by attach_draft
@@ -262,6 +266,7 @@ class Engine:
 
     def metrics(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.scheduler.counters)
+        out["width_policy"] = self.scheduler.width_policy.as_dict()
         if self.prefix_cache is not None:
             out["prefix_cache"] = self.prefix_cache.stats()
         return out

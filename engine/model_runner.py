@@ -12,6 +12,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from .ragged import ragged_hidden, supports_ragged
 from .row_cache import RowKVCache
 
 # model_type values whose Model.__call__ is exactly `head(self.model(...))`.
@@ -38,6 +39,7 @@ class ModelRunner:
         if make_cache is not None:
             self.trimmable = all(type(c).__name__ in ("KVCache", "RotatingKVCache") for c in make_cache())
         self.context_length = int(getattr(args, "max_position_embeddings", None) or 32768)
+        self.ragged = self.split and supports_ragged(model)
 
     def new_cache(self) -> RowKVCache:
         return RowKVCache(self.n_layers)
@@ -65,3 +67,33 @@ class ModelRunner:
             return self.head(hidden[:, positions, :])
         logits = self.model(inputs, cache=cache.layers)
         return None if positions is None else logits[:, positions, :]
+
+    def forward_ragged(
+        self, rows: list[list[int]], cache: RowKVCache, every: list[bool]
+    ) -> tuple[mx.array, list[int]]:
+        """Rows of different widths in one forward, each written at its cache end.
+
+        Returns lazy logits [N, V] and each row's first index into them: all of row
+        b's positions when `every[b]`, else only its last. Models the ragged path
+        supports (engine/ragged.py) compute no padding outside attention; others are
+        padded to the widest row and sliced.
+        """
+        picks: list[int] = []
+        offsets: list[int] = []
+        if self.ragged and len({len(r) for r in rows}) > 1:
+            hidden, layout = ragged_hidden(self.model, rows, cache)
+            for b, r in enumerate(rows):
+                offsets.append(len(picks))
+                start = layout.offsets[b]
+                picks += list(range(start, start + len(r))) if every[b] else [start + len(r) - 1]
+            return self.head(mx.take(hidden, mx.array(picks, dtype=mx.int32), axis=0)), offsets
+        width = max(len(r) for r in rows)
+        padded = [r + [0] * (width - len(r)) for r in rows]
+        logits = self.forward(padded, cache, slice(None) if width > 1 else slice(-1, None))
+        flat = logits.reshape(-1, logits.shape[-1])
+        for b, r in enumerate(rows):
+            offsets.append(len(picks))
+            picks += [b * width + i for i in range(len(r))] if every[b] else [b * width + len(r) - 1]
+        if len(picks) == flat.shape[0]:
+            return flat, offsets
+        return mx.take(flat, mx.array(picks, dtype=mx.int32), axis=0), offsets

@@ -27,6 +27,9 @@ class Proposal:
     kind: TokenKind
     # where the tokens were copied from (absolute positions in the row's sequence)
     source: tuple[int, int] | None = None
+    # how many tokens before the copy matched the row's recent tokens (copies only):
+    # long matches are accepted far more often than short ones (engine/width_policy.py)
+    match: int = 0
     # Verify tokens of an asserted kind instead (exact strict fill: the tokens keep their
     # kind but are accepted only where the row's sampler picks them; engine/grammar.py).
     verify: bool = False
@@ -80,6 +83,7 @@ class ProposalStats:
     proposed: int = 0  # verified tokens proposed
     accepted: int = 0
     rejected: int = 0
+    capped: int = 0  # proposed tokens not carried: not worth their cost (width_policy)
     rounds: int = 0
     forwards: int = 0
     propose_s: float = 0.0
@@ -88,7 +92,12 @@ class ProposalStats:
     def as_dict(self) -> dict:
         return {
             "tokens": dict(self.by_kind),
-            "verified": {"proposed": self.proposed, "accepted": self.accepted, "rejected": self.rejected},
+            "verified": {
+                "proposed": self.proposed,
+                "accepted": self.accepted,
+                "rejected": self.rejected,
+                "capped": self.capped,
+            },
             "rounds": self.rounds,
             "forwards": self.forwards,
             "propose_ms": round(self.propose_s * 1000, 3),

@@ -10,6 +10,7 @@ from .proposal import Constraint, Proposal, ProposalStats, Proposer, RowView
 from .row_cache import RowKVCache
 from .sampler import RowSampler
 from .types import FinishReason, GenerationRequest, Timings, TokenChunk, TokenKind
+from .width_policy import Acceptance
 
 
 @dataclass
@@ -74,6 +75,8 @@ class Row:
     # sampler picks, and follows every committed token (sampled or asserted).
     constraint: Constraint | None = None
     stats: ProposalStats = field(default_factory=ProposalStats)
+    # per-proposer acceptance rates that size this row's verified proposals
+    acceptance: dict[str, Acceptance] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.stop_text = StopText(list(self.req.stop))

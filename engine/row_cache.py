@@ -33,9 +33,11 @@ class ForwardPlan:
     index: mx.array | None  # [B,1,W,1] write positions when not uniform
 
 
-def plan_forward(starts: list[int], width: int) -> ForwardPlan:
-    """Precompute the mask/offset shared by every layer of one forward."""
-    uniform = all(s == starts[0] for s in starts)
+def plan_forward(starts: list[int], width: int, explicit: bool = False) -> ForwardPlan:
+    """Precompute the mask/offset shared by every layer of one forward. `explicit`
+    asks for the per-row mask array even when all starts are equal (a ragged
+    forward slices it per row group)."""
+    uniform = not explicit and all(s == starts[0] for s in starts)
     span = max(starts) + width
     offset = mx.array(starts, dtype=mx.int32)
     index = None
@@ -132,11 +134,12 @@ class RowKVCache:
     def size(self) -> int:
         return len(self.ends)
 
-    def begin(self, width: int, starts: list[int] | None = None) -> None:
+    def begin(self, width: int, starts: list[int] | None = None, explicit: bool = False) -> ForwardPlan:
         """Prepare a forward of `width` tokens per row, written at each row's end."""
-        plan = plan_forward(self.ends if starts is None else starts, width)
+        plan = plan_forward(self.ends if starts is None else starts, width, explicit)
         for layer in self.layers:
             layer.plan = plan
+        return plan
 
     def advance(self, counts: list[int]) -> None:
         """Commit `counts[b]` tokens of the last forward for row b (the rest roll back)."""

@@ -19,8 +19,9 @@ import mlx.core as mx
 import numpy as np
 
 from .model_runner import ModelRunner
-from .proposal import Proposal
+from .proposal import VERIFIED_KINDS, Proposal
 from .row import Row
+from .width_policy import LONG_MATCH, Acceptance, WidthPolicy, prior_rate
 
 if TYPE_CHECKING:
     from .prefix_cache import PrefixCache
@@ -35,6 +36,12 @@ class SchedulerConfig:
     prefill_chunk_busy: int = 128  # ... while other rows are decoding (bounds their stall)
     max_proposal: int = 16  # most verified proposal tokens one row carries into a round
     max_asserted: int = 64  # most asserted tokens (strict, jump, scripted) in one round
+    cost_aware: bool = True  # cap verified proposals by expected gain (engine/width_policy.py)
+    # Queue each plain greedy round before reading the last one (mlx-lm's generate_step
+    # does). None = on a GPU only: on this 2-core CPU the overlap thread competes with
+    # the compute threads, and unpipelined rounds measured 2% faster at B=1 and 10% at
+    # B=4 (BENCHMARKS.md).
+    pipeline_greedy: bool | None = None
 
 
 class Scheduler:
@@ -48,6 +55,9 @@ class Scheduler:
         self.counters: Counter[str] = Counter()
         self.prefix_cache: PrefixCache | None = None  # set by the Engine (engine/prefix_cache.py)
         self._ahead: tuple[list[Row], mx.array] | None = None  # queued greedy round
+        self.width_policy = WidthPolicy()
+        pipeline = config.pipeline_greedy
+        self.pipeline = mx.default_device() == mx.gpu if pipeline is None else pipeline
 
     # --- called from other threads ----------------------------------------------------
     def submit(self, row: Row) -> None:
@@ -170,7 +180,18 @@ class Scheduler:
                         row.stats.declined[proposer.name] = "model cache cannot be rolled back (recurrent layers)"
                         continue
                     cap = self.config.max_asserted if prop.asserted else self.config.max_proposal
-                    keep = min(budget, cap)
+                    keep = min(budget, cap, len(prop.tokens))
+                    if prop.kind in VERIFIED_KINDS and self.config.cost_aware:
+                        # Checked strict tokens are exempt: the grammar allows only them.
+                        acc = self._acceptance(row, prop)
+                        worth = self.width_policy.cap(acc.rate, keep, max(1, len(self.running)))
+                        if worth < keep:
+                            self.counters["verified_capped"] += keep - worth
+                            row.stats.capped += keep - worth
+                        if worth == 0:
+                            acc.forget()
+                            continue
+                        keep = worth
                     # An asserted run cut here continues next round: the row must not
                     # sample between its slices (Proposal.cut; see _choose).
                     prop.cut = prop.asserted and len(prop.tokens) > keep
@@ -189,7 +210,9 @@ class Scheduler:
         dropped: its cache writes lie past the rows' ends, which are masked and
         overwritten. Returns False when the rows need the general path."""
         rows = self.running
-        if not all(not r.proposers and r.constraint is None and not r.sampler.needs_logits for r in rows):
+        if not self.pipeline or not all(
+            not r.proposers and r.constraint is None and not r.sampler.needs_logits for r in rows
+        ):
             self._ahead = None
             return False
         ahead = self._ahead
@@ -208,6 +231,7 @@ class Scheduler:
         self.counters["forwards"] += 1
         self.counters["rounds"] += 1
         self.counters["round_width_sum"] += 1
+        self.counters["pipelined_rounds"] += 1
         done = []
         for i, (row, tok) in enumerate(zip(rows, chosen)):
             row.timings.rounds += 1
@@ -226,13 +250,16 @@ class Scheduler:
     def _decode_round(self) -> None:
         if self._greedy_round():
             return
+        t0 = time.perf_counter()
         rows = self.running
         props = [self._propose(r) for r in rows]
-        lens = [len(p.tokens) if p else 0 for p in props]
-        width = 1 + max(lens)
-        inputs = [[r.pending] + (p.tokens if p else []) + [0] * (width - 1 - n) for r, p, n in zip(rows, props, lens)]
-        logits = self.runner.forward(inputs, self.group, slice(None) if width > 1 else slice(-1, None))
-        picks = self._choose(rows, props, logits)
+        inputs = [[r.pending] + (p.tokens if p else []) for r, p in zip(rows, props)]
+        width = max(len(x) for x in inputs)
+        # verified proposals need logits at every position; asserted ones after the last
+        every = [p is not None and not p.asserted for p in props]
+        logits, offsets = self.runner.forward_ragged(inputs, self.group, every)
+        where = [(o, e) for o, e in zip(offsets, every)]
+        picks = self._choose(rows, props, logits, where)
         counts = []
         done = []
         for i, (row, prop, (tokens, kinds, consumed, accepted)) in enumerate(zip(rows, props, picks)):
@@ -255,40 +282,60 @@ class Scheduler:
         self.counters["forwards"] += 1
         self.counters["rounds"] += 1
         self.counters["round_width_sum"] += width
+        self.counters["round_tokens_sum"] += sum(len(x) for x in inputs)
+        self.width_policy.observe_round(sum(len(x) for x in inputs), time.perf_counter() - t0)
         if done:
             self._retire(done)
 
     def _choose(
-        self, rows: list[Row], props: list[Proposal | None], logits: mx.array
-    ) -> list[tuple[list[int], list[str], int]]:
-        """Each row's emitted tokens, their kinds, and how many inputs it consumed.
+        self,
+        rows: list[Row],
+        props: list[Proposal | None],
+        logits: mx.array,
+        where: list[tuple[int, bool]],
+    ) -> list[tuple[list[int], list[str], int, int]]:
+        """Each row's emitted tokens, their kinds, how many inputs it consumed and how
+        many verified tokens it accepted.
 
-        logits: [B, W, V]; position i of row b predicts the token after its i-th input.
-        Verified tokens are accepted while the row's sampler, at that absolute position,
-        picks them; asserted tokens are taken as given and the row samples after them.
+        logits: [N, V]; row b's logits start at where[b][0] and cover each of its inputs
+        when where[b][1], else only its last (position i predicts the token after the
+        row's i-th input). Verified tokens are accepted while the row's sampler, at that
+        absolute position, picks them; asserted tokens are taken as given and the row
+        samples after them.
         """
-        argmax = mx.argmax(logits, axis=-1)  # [B, W]
-        need = [i for i, r in enumerate(rows) if r.sampler.needs_logits or r.constraint is not None]
+        argmax = mx.argmax(logits, axis=-1)  # [N]
+        need = [b for b, r in enumerate(rows) if r.sampler.needs_logits or r.constraint is not None]
         host = None
         if need:
-            sub = logits if len(need) == len(rows) else logits[mx.array(need)]
+            # only the needing rows' logits cross to the host
+            spans = [(where[b][0], self._span(props[b], where[b][1])) for b in need]
+            if sum(n for _, n in spans) == logits.shape[0]:
+                sub = logits
+            else:
+                sub = mx.take(logits, mx.array([o + i for o, n in spans for i in range(n)], dtype=mx.int32), axis=0)
             mx.eval(argmax, sub)
             host = np.array(sub.astype(mx.float32), copy=False)
         else:
             mx.eval(argmax)
         table = argmax.tolist()
-        where = {b: j for j, b in enumerate(need)}
+        hosted: dict[int, int] = {}
+        at = 0
+        for b in need:
+            hosted[b] = at
+            at += self._span(props[b], where[b][1])
         out = []
         for b, (row, prop) in enumerate(zip(rows, props)):
             sampler = row.sampler
             constraint = row.constraint
             base = row.position  # absolute position of the first token chosen this round
+            first, every = where[b]
 
             def pick(i: int) -> int:
-                if host is None or b not in where:
-                    tok = table[b][i]
+                j = i if every else 0  # without `every` only the last position has logits
+                if host is None or b not in hosted:
+                    tok = table[first + j]
                 else:
-                    x = host[where[b]][i]
+                    x = host[hosted[b] + j]
                     if constraint is not None:
                         x = constraint.mask(x)
                     tok = sampler.pick(x, base + i)
@@ -328,6 +375,9 @@ class Scheduler:
                     tokens.append(tok)
                     kinds.append("sampled")
                     break
+                acc = row.acceptance.get(self._acceptance_key(prop))
+                if acc is not None:
+                    acc.observe(k, accepted)
                 row.stats.proposed += k
                 row.stats.accepted += accepted
                 row.stats.rejected += k - accepted
@@ -339,6 +389,25 @@ class Scheduler:
             if proposer is not None:
                 proposer.feedback(prop, feedback)
         return out
+
+    @staticmethod
+    def _acceptance_key(prop: Proposal) -> str:
+        name = prop.proposer.name if prop.proposer is not None else prop.kind
+        if not prop.match:
+            return name
+        return f"{name}/{'long' if prop.match >= LONG_MATCH else 'short'}"
+
+    def _acceptance(self, row: Row, prop: Proposal) -> Acceptance:
+        key = self._acceptance_key(prop)
+        acc = row.acceptance.get(key)
+        if acc is None:
+            acc = row.acceptance[key] = Acceptance(prior_rate=prior_rate(prop.match))
+        return acc
+
+    @staticmethod
+    def _span(prop: Proposal | None, every: bool) -> int:
+        """How many logit positions a row has in a round (see forward_ragged)."""
+        return 1 + len(prop.tokens) if every and prop is not None else 1
 
     def _pick_first(self, row: Row, logits: mx.array) -> tuple[int, str]:
         """The first token after the prompt, from logits [1, V], and its kind.
@@ -354,4 +423,4 @@ class Scheduler:
                 if row.constraint is not None:
                     row.constraint.accept(tok)
                 return tok, prop.kind
-        return self._choose([row], [None], logits[:, None, :])[0][0][0], "sampled"
+        return self._choose([row], [None], logits, [(0, False)])[0][0][0], "sampled"

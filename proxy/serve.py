@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "'truncated:N' builds the default model's first N layers (default N=4)")
     parser.add_argument("--max-proposal", type=_positive, default=16, metavar="K",
                         help="most verified proposal tokens a row carries into one round (default: 16)")
+    parser.add_argument("--no-cost-aware", action="store_true",
+                        help="carry every verified proposal up to --max-proposal instead of sizing it by "
+                             "the row's acceptance rate and the measured cost of a token")
     parser.add_argument("--no-prefix-cache", action="store_true",
                         help="do not reuse cached prompt prefixes across requests")
     parser.add_argument("--no-ssd-cache", action="store_true",
@@ -91,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     config = EngineConfig(
         max_batch=args.max_batch,
         max_proposal=args.max_proposal,
+        cost_aware=not args.no_cost_aware,
         default_methods=methods,
         prefix_cache=not args.no_prefix_cache,
         prefix_cache_ssd=not args.no_ssd_cache,

@@ -66,6 +66,35 @@ def test_batched_rows_equal_alone(engine, loaded_model):
         assert_same_or_near_tie(model, p, got, want)
 
 
+def test_pipelined_greedy_rounds_equal_plain_rounds(engine, loaded_model):
+    """Queued greedy rounds (the GPU default; off on this CPU, where they are slower)
+    give what unpipelined rounds give, alone and with rows joining and leaving."""
+    model, tokenizer, _ = loaded_model
+    prompts = [chat(tokenizer, p) for p in PROMPTS[:4]]
+    lengths = [20, 12, 16, 20]
+    plain = [run(engine, GenerationRequest(prompt=p, max_tokens=n))[0] for p, n in zip(prompts, lengths)]
+    before = engine.scheduler.counters["pipelined_rounds"]
+    was, engine.scheduler.pipeline = engine.scheduler.pipeline, True
+    try:
+        solo = run(engine, GenerationRequest(prompt=prompts[0], max_tokens=20))[0]
+
+        async def together():
+            return await asyncio.gather(
+                *[
+                    _collect(engine, GenerationRequest(prompt=p, max_tokens=n), delay=0.3 * i)
+                    for i, (p, n) in enumerate(zip(prompts, lengths))
+                ]
+            )
+
+        batched = asyncio.run(together())
+    finally:
+        engine.scheduler.pipeline = was
+    assert engine.scheduler.counters["pipelined_rounds"] > before + 20
+    assert solo == plain[0]
+    for p, got, want in zip(prompts, batched, plain):
+        assert_same_or_near_tie(model, p, got, want)
+
+
 def test_seeded_sampling_reproducible_and_batch_independent(engine, loaded_model):
     _, tokenizer, _ = loaded_model
     prompt = chat(tokenizer, PROMPTS[3])

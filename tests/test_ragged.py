@@ -1,0 +1,127 @@
+"""The ragged verifying forward and the cost-aware width policy, on the real default model.
+
+Oracle for the ragged forward: the same rows run padded to the widest row (mlx-lm's
+own decoder layers over our RowKVCache) give the same logits at every real position,
+and leave caches that give the same logits on the next forward. Float32 rounding may
+differ where attention runs per row group; the bound below is far under the
+near-tie tolerance the decoding oracles use (tests/oracle.py).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from jumpahead.engine import ragged
+from jumpahead.engine.width_policy import Acceptance, WidthPolicy, prior_rate
+
+TOL = 1e-3  # logits are O(10); observed differences are 0 (one call) to ~3e-5 (per run)
+
+
+def _prompts(lengths: list[int]) -> list[list[int]]:
+    return [[(i * 7919 + b * 13) % 30000 + 100 for i in range(n)] for b, n in enumerate(lengths)]
+
+
+def _group_cache(runner, prompts):
+    cache = runner.new_cache()
+    for p in prompts:
+        one = runner.new_cache()
+        one.ends = [0]
+        runner.forward([p], one, None)
+        one.advance([len(p)])
+        mx.eval(one.arrays())
+        cache.append_rows(one)
+    return cache
+
+
+@pytest.fixture(scope="module")
+def runner(loaded_model):
+    from jumpahead.engine.model_runner import ModelRunner
+
+    model, _, _ = loaded_model
+    r = ModelRunner(model)
+    assert r.ragged, "the default model (llama) must take the ragged path"
+    return r
+
+
+@pytest.mark.parametrize(
+    "widths",
+    [
+        [9, 1, 9, 1],  # attention per row
+        [17, 1, 1, 1],  # a run of three width-1 rows
+        [2, 1, 2, 1, 2, 1, 2, 1],  # one padded attention call
+        [1, 5, 1, 1, 3, 1, 1, 1, 1, 12],
+        [4, 4, 2],
+    ],
+)
+def test_ragged_equals_padded(runner, widths):
+    prompts = _prompts([60 + 7 * b for b in range(len(widths))])
+    rows = [[(b * 31 + i * 17) % 20000 + 50 for i in range(w)] for b, w in enumerate(widths)]
+    every = [w > 1 or b % 2 == 0 for b, w in enumerate(widths)]
+    caches, outs = [], []
+    for use_ragged in (True, False):
+        runner.ragged = use_ragged
+        try:
+            cache = _group_cache(runner, prompts)
+            logits, offsets = runner.forward_ragged(rows, cache, every)
+            keep = [max(1, w - b % 3) for b, w in enumerate(widths)]  # roll some tokens back
+            cache.advance(keep)
+            nxt, _ = runner.forward_ragged([[7]] * len(widths), cache, [False] * len(widths))
+            mx.eval(logits, nxt)
+        finally:
+            runner.ragged = True
+        caches.append(cache)
+        outs.append((logits, offsets, nxt))
+    (a, oa, na), (b, ob, nb) = outs
+    assert oa == ob
+    assert a.shape == b.shape == (sum(w if e else 1 for w, e in zip(widths, every)), a.shape[-1])
+    assert float(mx.abs(a - b).max()) < TOL
+    assert float(mx.abs(na - nb).max()) < TOL
+    assert caches[0].ends == caches[1].ends
+
+
+def test_attention_runs_split_only_when_worth_it():
+    assert ragged.RaggedLayout([3, 3, 3, 3]).runs is None  # nothing padded
+    assert ragged.RaggedLayout([2, 1, 2, 1, 2, 1, 2, 1]).runs is None  # 4 pads < 7 more calls
+    lay = ragged.RaggedLayout([17, 1, 1, 1])
+    assert [(r.start, r.stop, r.width) for r in lay.runs] == [(0, 1, 17), (1, 4, 1)]
+    lay = ragged.RaggedLayout([9, 1, 9, 1])
+    assert [r.width for r in lay.runs] == [9, 1, 9, 1]
+    assert lay.T == 20 and lay.offsets == [0, 9, 10, 19]
+    # pack and spread are inverse on real tokens
+    assert [lay.spread.tolist()[i] for i in lay.pack.tolist()] == list(range(lay.T))
+
+
+def test_width_policy_fits_cost_and_caps_by_acceptance():
+    policy = WidthPolicy()
+    assert policy.rho == policy.default_rho  # nothing observed yet
+    fixed, per_token = 0.055, 0.0045
+    for i in range(40):  # rounds of 4..24 tokens at fixed + per_token * T
+        t = 4 + (i * 7) % 21
+        policy.observe_round(t, fixed + per_token * t)
+    assert policy.rho == pytest.approx(per_token / fixed, rel=1e-3)
+    # a likelier row carries more; a bigger batch raises the bar
+    assert policy.cap(0.9, 16, 4) > policy.cap(0.6, 16, 4) >= policy.cap(0.3, 16, 4)
+    assert policy.cap(0.6, 16, 1) >= policy.cap(0.6, 16, 8)
+    assert policy.cap(0.2, 16, 8) == 0
+    assert policy.cap(1.0, 16, 8) == 16
+    # the cap keeps exactly the positions whose cumulative acceptance pays
+    theta = policy.threshold(4)
+    k = policy.cap(0.8, 16, 4)
+    assert 0.8**k >= theta > 0.8 ** (k + 1)
+
+
+def test_acceptance_follows_the_row_and_recovers():
+    acc = Acceptance(prior_rate=prior_rate(2))
+    short = acc.rate
+    assert prior_rate(8) > short
+    for _ in range(5):
+        acc.observe(4, 0)
+    low = acc.rate
+    assert low < short
+    for _ in range(30):
+        acc.forget()
+    assert low < acc.rate <= short + 1e-9
+    for _ in range(10):
+        acc.observe(4, 4)
+    assert acc.rate > 0.8
