@@ -13,9 +13,13 @@ the CPU clock is less disturbed by other processes).
    propose and some do not) vs the same rows without proposals: aggregate tokens/s
    over the whole batch (submit to last token). Target: not lower. Also with the
    cost-aware width policy off (every proposal carried whole), to show its share.
-4. what limits the figures: the cost of one forward at width 1, 9 and 17 (a row
+4. a queue of 8 such rows (4 copy-heavy, 4 plain, alternating) through max_batch 4,
+   as a server sees them: a row that finishes early frees its slot for the next, so
+   what proposals save shows up as throughput. Echo vs ordinary, aggregate tokens/s.
+5. what limits the figures: the cost of one forward at width 1, 9 and 17 (a row
    carrying 0, 8 or 16 proposal tokens) at B=1 and B=4, relative to width 1; and
-   a proposer that never proposes (what leaving the pipelined greedy path costs).
+   the ragged forward when one of the 4 rows carries the proposal; and a proposer
+   that never proposes (the general round's cost over plain decoding).
 
 `python -m jumpahead.engine.bench_echo [--tokens N] [--repeats R] [--out F]`.
 """
@@ -161,6 +165,7 @@ def width_costs(engine: Engine, context: int = 256, widths=(1, 9, 17), batches=(
             mx.eval(cache.arrays())
             wall: dict[int, list[float]] = {w: [] for w in widths}
             cpu: dict[int, list[float]] = {w: [] for w in widths}
+            ragged: dict[int, list[float]] = {w: [] for w in widths}
             for rep in range(reps + 1):
                 for w in widths:
                     t0, c0 = time.perf_counter(), time.process_time()
@@ -169,10 +174,19 @@ def width_costs(engine: Engine, context: int = 256, widths=(1, 9, 17), batches=(
                     if rep:  # not advanced: each rep rewrites the same slots
                         wall[w].append(time.perf_counter() - t0)
                         cpu[w].append(time.process_time() - c0)
+                    if b > 1:  # one row carries w-1 proposal tokens, the others none
+                        t0 = time.perf_counter()
+                        rows = [[5] * w] + [[5]] * (b - 1)
+                        logits, _ = runner.forward_ragged(rows, cache, [True] + [False] * (b - 1))
+                        mx.eval(mx.argmax(logits, axis=-1))
+                        if rep:
+                            ragged[w].append(time.perf_counter() - t0)
             row: dict[str, float] = {}
             for w in widths:
                 row[f"w{w}_ms"] = round(statistics.median(wall[w]) * 1000, 2)
                 row[f"w{w}_cpu_ms"] = round(statistics.median(cpu[w]) * 1000, 2)
+                if ragged[w]:  # the ragged forward a mixed round takes (engine/ragged.py)
+                    row[f"one_row_w{w}_ragged_ms"] = round(statistics.median(ragged[w]) * 1000, 2)
             for w in widths[1:]:
                 row[f"w{w}_over_w1"] = round(row[f"w{w}_ms"] / row[f"w{widths[0]}_ms"], 3)
                 row[f"w{w}_over_w1_cpu"] = round(row[f"w{w}_cpu_ms"] / row[f"w{widths[0]}_cpu_ms"], 3)
@@ -205,7 +219,7 @@ def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3) -> di
     _rows(engine, copy_prompts[:1], [[]], 8)
 
     arms: dict[str, list[dict[str, float]]] = {}
-    identical: dict[str, list[bool]] = {"copy": [], "plain": [], "mixed": []}
+    identical: dict[str, list[bool]] = {"copy": [], "plain": [], "mixed": [], "queue": []}
     telemetry: list[dict] = []
     methods = {"base": [], "echo": ["echo"], "noop": ["noop"]}
     for r in range(repeats):
@@ -237,6 +251,15 @@ def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3) -> di
             if r == 0 and arm == "echo":
                 telemetry += [{"group": "mixed", **x["fill"]} for x in res["rows"]]
         identical["mixed"].append(got["base"] == got["echo"] == got["echo_uncapped"])
+        queue = [copy_prompts[i % 2] if i % 2 == 0 else plain_prompts[(i // 2) % 2] for i in range(8)]
+        cap, engine.scheduler.config.max_batch = engine.scheduler.config.max_batch, 4
+        got = {}
+        for arm in ("base", "echo") if r % 2 == 0 else ("echo", "base"):
+            res = _rows(engine, queue, [methods[arm]] * len(queue), tokens)
+            arms.setdefault(f"queue_{arm}", []).append(res)
+            got[arm] = [x["tokens"] for x in res["rows"]]
+        engine.scheduler.config.max_batch = cap
+        identical["queue"].append(got["base"] == got["echo"])
 
     widths = width_costs(engine)
     engine.close()
@@ -266,6 +289,10 @@ def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3) -> di
             "echo_uncapped_vs_ordinary": _summary(arms["mixed_echo_uncapped"], arms["mixed_base"], "agg_tps"),
             "width_policy": engine.scheduler.width_policy.as_dict(),
             "identical_outputs": all(identical["mixed"]),
+        },
+        "queue_of_8_through_4_slots": {
+            "echo_vs_ordinary": _summary(arms["queue_echo"], arms["queue_base"], "agg_tps"),
+            "identical_outputs": all(identical["queue"]),
         },
         "forward_cost_by_width": widths,
         "echo_telemetry_first_repeat": telemetry,

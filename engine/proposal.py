@@ -37,6 +37,7 @@ class Proposal:
     # run was cut at the round's width cap (its rest follows next round, unsampled).
     proposer: "Proposer | None" = field(default=None, repr=False, compare=False)
     cut: bool = False
+    expected: float = 0.0  # set by the scheduler: expected accepted tokens (verified)
 
     @property
     def asserted(self) -> bool:

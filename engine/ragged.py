@@ -50,10 +50,11 @@ def supports_ragged(model: nn.Module) -> bool:
 # Attention runs per run of consecutive rows of equal width when that saves more than
 # it costs. On this CPU MLX's attention costs ~70 us per (row, query) per layer at 330
 # keys (it grows with the context), as much as the rest of the layer for a token, so
-# a padded query slot costs nearly what a real token costs; one more attention call
-# costs ~50 us. Measured per layer at 330 keys: widths [9,1,9,1] 2.45 ms batched vs
-# 1.48 ms per row, [17,1,1,1] 3.52 vs 1.26, [1,1,1,1] 0.34 vs 0.50.
-SLOT_PER_CALL = 1 / 1.4  # padded query slots that pay for one more attention call
+# a padded query slot costs nearly what a real token costs. One more run costs its
+# own ~8 ops per layer (slices, RoPE, attention, reshapes), ~3.5 padded slots' worth.
+# Measured per layer at 330 keys: widths [9,1,9,1] 2.45 ms batched vs 1.48 ms per
+# row, [17,1,1,1] 3.52 vs 1.26; whole forwards [1,2,1,1] equal either way.
+SLOT_PER_CALL = 1 / 3.5  # padded query slots that pay for one more attention run
 
 
 @dataclass

@@ -21,7 +21,7 @@ import numpy as np
 from .model_runner import ModelRunner
 from .proposal import VERIFIED_KINDS, Proposal
 from .row import Row
-from .width_policy import LONG_MATCH, Acceptance, WidthPolicy, prior_rate
+from .width_policy import LONG_MATCH, Acceptance, WidthPolicy, expected_accepted, prior_rate
 
 if TYPE_CHECKING:
     from .prefix_cache import PrefixCache
@@ -192,6 +192,7 @@ class Scheduler:
                             acc.forget()
                             continue
                         keep = worth
+                        prop.expected = expected_accepted(acc.rate, keep)
                     # An asserted run cut here continues next round: the row must not
                     # sample between its slices (Proposal.cut; see _choose).
                     prop.cut = prop.asserted and len(prop.tokens) > keep
@@ -201,6 +202,24 @@ class Scheduler:
                     break
         row.stats.propose_s += time.perf_counter() - t0
         return found
+
+    def _drop_unpaid(self, rows: list[Row], props: list[Proposal | None]) -> None:
+        """Drop this round's verified proposals when together they do not pay for
+        leaving width 1 (WidthPolicy.round_pays). Asserted or checked-strict tokens
+        already widen the round; then only the per-token caps apply."""
+        verified = [i for i, p in enumerate(props) if p is not None and p.kind in VERIFIED_KINDS]
+        if not verified or any(p is not None and p.kind not in VERIFIED_KINDS for p in props):
+            return
+        expected = sum(props[i].expected for i in verified)
+        tokens = sum(len(props[i].tokens) for i in verified)
+        if self.width_policy.round_pays(expected, tokens, len(rows)):
+            return
+        for i in verified:
+            n = len(props[i].tokens)
+            self.counters["verified_capped"] += n
+            rows[i].stats.capped += n
+            self._acceptance(rows[i], props[i]).forget()
+            props[i] = None
 
     def _greedy_round(self) -> bool:
         """Plain greedy decoding, pipelined the way mlx-lm's generate_step is: the next
@@ -250,9 +269,11 @@ class Scheduler:
     def _decode_round(self) -> None:
         if self._greedy_round():
             return
-        t0 = time.perf_counter()
         rows = self.running
         props = [self._propose(r) for r in rows]
+        if self.config.cost_aware:
+            self._drop_unpaid(rows, props)
+        t0 = time.perf_counter()  # the width policy fits forward cost, not proposing time
         inputs = [[r.pending] + (p.tokens if p else []) for r, p in zip(rows, props)]
         width = max(len(x) for x in inputs)
         # verified proposals need logits at every position; asserted ones after the last
@@ -283,7 +304,7 @@ class Scheduler:
         self.counters["rounds"] += 1
         self.counters["round_width_sum"] += width
         self.counters["round_tokens_sum"] += sum(len(x) for x in inputs)
-        self.width_policy.observe_round(sum(len(x) for x in inputs), time.perf_counter() - t0)
+        self.width_policy.observe_round(sum(len(x) for x in inputs), width, time.perf_counter() - t0)
         if done:
             self._retire(done)
 

@@ -62,35 +62,86 @@ class Acceptance:
         self.rejected *= 1 - share
 
 
+def expected_accepted(rate: float, tokens: int) -> float:
+    """Expected accepted tokens of a proposal of `tokens` at a per-position rate."""
+    if rate >= 1.0:
+        return float(tokens)
+    return rate * (1 - rate**tokens) / (1 - rate)
+
+
+class _Fit:
+    """Exponentially weighted least squares of y on x."""
+
+    def __init__(self, decay: float) -> None:
+        self.decay = decay
+        self.n = self.x = self.y = self.xx = self.xy = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        d = self.decay
+        self.n = self.n * d + 1
+        self.x = self.x * d + x
+        self.y = self.y * d + y
+        self.xx = self.xx * d + x * x
+        self.xy = self.xy * d + x * y
+
+    def mean(self) -> tuple[float, float]:
+        return self.x / self.n, self.y / self.n
+
+    def slope(self, min_spread: float) -> float | None:
+        if self.n < 8:
+            return None
+        mx_, my = self.mean()
+        var = self.xx / self.n - mx_ * mx_
+        if var < min_spread**2:
+            return None
+        return (self.xy / self.n - mx_ * my) / var
+
+
 @dataclass
 class WidthPolicy:
-    default_rho: float = 0.08  # per-token / fixed forward cost measured on this CPU
-    decay: float = 0.97  # weight of older rounds in the fit
-    min_spread: float = 1.5  # tokens: std of round sizes needed before fitting
-    _sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # n, x, y, xx, xy
+    """Round cost = fixed + per_token * T, plus `surcharge` once any row carries more
+    than its pending token (MLX on CPU: attention leaves its one-query kernel, more
+    calls per layer; ~15 ms at B=4 here). Defaults are this CPU's; the three are
+    refitted from the rounds the scheduler times: plain rounds give the fixed part,
+    rounds with proposals the per-token slope and their own intercept."""
 
-    def observe_round(self, tokens: int, seconds: float) -> None:
-        s = self._sums
-        d = self.decay
-        for i, v in enumerate((1.0, tokens, seconds, tokens * tokens, tokens * seconds)):
-            s[i] = s[i] * d + v
+    fixed: float = 0.055
+    per_token: float = 0.004
+    surcharge: float = 0.015
+    decay: float = 0.97  # weight of older rounds in the fits
+    min_spread: float = 1.5  # tokens: std of round sizes needed before fitting a slope
+
+    def __post_init__(self) -> None:
+        self._plain = _Fit(self.decay)  # rounds of width 1: x = rows
+        self._wide = _Fit(self.decay)  # rounds with proposals: x = tokens
+
+    def observe_round(self, tokens: int, width: int, seconds: float) -> None:
+        (self._plain if width == 1 else self._wide).add(tokens, seconds)
+
+    def costs(self) -> tuple[float, float, float]:
+        """(fixed, per_token, surcharge) in seconds, fitted where there is data."""
+        c = self._wide.slope(self.min_spread)
+        if c is None or c <= 0:
+            c = self._plain.slope(self.min_spread)
+        if c is None or c <= 0:
+            c = self.per_token
+        fixed = self.fixed
+        if self._plain.n >= 8:
+            rows, dt = self._plain.mean()
+            fixed = max(1e-4, dt - c * rows)
+        surcharge = self.surcharge
+        if self._wide.n >= 8:
+            tokens, dt = self._wide.mean()
+            surcharge = max(0.0, dt - c * tokens - fixed)
+        return fixed, c, surcharge
 
     @property
     def rho(self) -> float:
-        n, x, y, xx, xy = self._sums
-        if n < 8:
-            return self.default_rho
-        mx_, my = x / n, y / n
-        var = xx / n - mx_ * mx_
-        if var < self.min_spread**2:
-            return self.default_rho
-        slope = (xy / n - mx_ * my) / var
-        fixed = my - slope * mx_
-        if slope <= 0 or fixed <= 0:
-            return self.default_rho
-        return min(1.0, max(0.005, slope / fixed))
+        fixed, c, _ = self.costs()
+        return min(1.0, max(0.001, c / fixed))
 
     def threshold(self, batch: int) -> float:
+        """Least chance of acceptance that pays for one more proposal token."""
         r = self.rho * batch
         return r / (1 + r)
 
@@ -103,5 +154,18 @@ class WidthPolicy:
             return 0
         return min(proposed, int(math.log(theta) / math.log(rate)))
 
+    def round_pays(self, expected: float, tokens: int, batch: int) -> bool:
+        """Whether a round's verified proposals (`tokens` in all, `expected` accepted)
+        pay for the surcharge of leaving width 1 plus their tokens: each accepted token
+        is worth a row's share of a plain round."""
+        fixed, c, surcharge = self.costs()
+        return expected * (fixed + c * batch) / batch >= surcharge + c * tokens
+
     def as_dict(self) -> dict:
-        return {"rho": round(self.rho, 4)}
+        fixed, c, surcharge = self.costs()
+        return {
+            "fixed_ms": round(fixed * 1000, 2),
+            "per_token_ms": round(c * 1000, 3),
+            "surcharge_ms": round(surcharge * 1000, 2),
+            "rho": round(self.rho, 4),
+        }

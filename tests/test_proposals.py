@@ -60,7 +60,9 @@ def ctx(loaded_model):
     from jumpahead.engine.engine import Engine, EngineConfig
 
     model, tokenizer, info = loaded_model
-    eng = Engine(model, tokenizer, info, EngineConfig(max_batch=8))
+    # cost_aware off: every proposal is verified, so the accept/reject paths always run
+    # (the width policy only decides how much to verify; tests/test_ragged.py)
+    eng = Engine(model, tokenizer, info, EngineConfig(max_batch=8, cost_aware=False))
     eng.attach_draft(DraftModel(model, tokenizer, info, target_tokenizer=tokenizer))
     weak = DraftModel.load(ensure_draft_model(4, progress=lambda s: None), tokenizer, progress=lambda s: None)
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True) for p in PROMPTS]
@@ -187,6 +189,39 @@ def test_mixed_batch_equals_ordinary(ctx, sname):
         check_fill(chunks, ("draft" if m and m.endswith("draft") else m))
         assert_equivalent(ctx, i, sname, tokens_of(chunks), want)
     assert eng.scheduler.counters["round_width_sum"] - eng.scheduler.counters["rounds"] > widths_before
+
+
+def test_cost_aware_widths_keep_outputs(ctx):
+    """With the width policy on (the server default), a mixed batch still equals
+    ordinary decoding, copies are still verified, and fewer tokens are verified than
+    when every proposal is carried whole."""
+    eng = ctx["engine"]
+    rows = [0, 2, 1, 2]
+    wants = [ordinary(ctx, i, "greedy") for i in rows]
+
+    def batch():
+        async def together():
+            return await asyncio.gather(*[
+                _collect(eng, request(ctx, i, "echo", GREEDY), 0.1 * j) for j, i in enumerate(rows)
+            ])
+        return asyncio.run(together())
+
+    proposed = {}
+    for on in (False, True):
+        eng.scheduler.config.cost_aware = on
+        try:
+            results = batch()
+        finally:
+            eng.scheduler.config.cost_aware = False
+        fills = [check_fill(chunks, "echo") for chunks in results]
+        for i, chunks, want in zip(rows, results, wants):
+            assert_equivalent(ctx, i, "greedy", tokens_of(chunks), want)
+        proposed[on] = sum(f["verified"]["proposed"] for f in fills)
+        if on:
+            assert sum(f["verified"]["capped"] for f in fills) > 0, fills
+            assert sum(f["verified"]["accepted"] for f in fills) > 0, fills  # copies still verified
+    assert proposed[True] < proposed[False], proposed
+    assert "per_token_ms" in eng.metrics()["width_policy"]
 
 
 def _echo_spans(chunks) -> list[tuple[int, int]]:

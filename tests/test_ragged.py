@@ -13,7 +13,7 @@ import mlx.core as mx
 import pytest
 
 from jumpahead.engine import ragged
-from jumpahead.engine.width_policy import Acceptance, WidthPolicy, prior_rate
+from jumpahead.engine.width_policy import Acceptance, WidthPolicy, expected_accepted, prior_rate
 
 TOL = 1e-3  # logits are O(10); observed differences are 0 (one call) to ~3e-5 (per run)
 
@@ -94,11 +94,15 @@ def test_attention_runs_split_only_when_worth_it():
 
 def test_width_policy_fits_cost_and_caps_by_acceptance():
     policy = WidthPolicy()
-    assert policy.rho == policy.default_rho  # nothing observed yet
-    fixed, per_token = 0.055, 0.0045
-    for i in range(40):  # rounds of 4..24 tokens at fixed + per_token * T
-        t = 4 + (i * 7) % 21
-        policy.observe_round(t, fixed + per_token * t)
+    assert policy.costs() == (policy.fixed, policy.per_token, policy.surcharge)  # nothing seen yet
+    fixed, per_token, surcharge = 0.060, 0.005, 0.020
+    for i in range(40):
+        rows = 2 + i % 3  # plain rounds of 2..4 rows
+        policy.observe_round(rows, 1, fixed + per_token * rows)
+        tokens = 4 + (i * 7) % 21  # rounds with proposals: 4..24 tokens
+        policy.observe_round(tokens, 9, fixed + surcharge + per_token * tokens)
+    got = policy.costs()
+    assert got == pytest.approx((fixed, per_token, surcharge), rel=1e-3)
     assert policy.rho == pytest.approx(per_token / fixed, rel=1e-3)
     # a likelier row carries more; a bigger batch raises the bar
     assert policy.cap(0.9, 16, 4) > policy.cap(0.6, 16, 4) >= policy.cap(0.3, 16, 4)
@@ -109,6 +113,10 @@ def test_width_policy_fits_cost_and_caps_by_acceptance():
     theta = policy.threshold(4)
     k = policy.cap(0.8, 16, 4)
     assert 0.8**k >= theta > 0.8 ** (k + 1)
+    # a round pays for leaving width 1 only with enough expected tokens
+    assert expected_accepted(1.0, 5) == 5 and expected_accepted(0.5, 2) == pytest.approx(0.75)
+    assert not policy.round_pays(0.4, 1, 4)  # one short copy: 8 ms of value, 25 ms of cost
+    assert policy.round_pays(4.0, 6, 4)
 
 
 def test_acceptance_follows_the_row_and_recovers():
