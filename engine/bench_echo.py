@@ -13,9 +13,11 @@ the CPU clock is less disturbed by other processes).
    propose and some do not) vs the same rows without proposals: aggregate tokens/s
    over the whole batch (submit to last token). Target: not lower. Also with the
    cost-aware width policy off (every proposal carried whole), to show its share.
-4. a queue of 8 such rows (4 copy-heavy, 4 plain, alternating) through max_batch 4,
+4. a queue of 12 such rows (6 copy-heavy, 6 plain, alternating) through max_batch 4,
    as a server sees them: a row that finishes early frees its slot for the next, so
-   what proposals save shows up as throughput. Echo vs ordinary, aggregate tokens/s.
+   what proposals save shows up as throughput. Echo vs ordinary, aggregate tokens/s
+   over the whole run and under load (until the last request is admitted; the drain
+   at the end, where the last plain rows run alone, is the same in both arms).
 5. what limits the figures: the cost of one forward at width 1, 9 and 17 (a row
    carrying 0, 8 or 16 proposal tokens) at B=1 and B=4, relative to width 1; and
    the ragged forward when one of the 4 rows carries the proposal; and a proposer
@@ -82,6 +84,7 @@ COPY_TASKS = [
     f"Here is settings.py:\n```python\n{PY_FILE}```\nChange the default port to 9090. Show the whole updated file.",
     f"Here is config.yaml:\n```yaml\n{CONFIG}```\nSet the logging level to debug. Show the whole updated file.",
 ]
+QUEUE = 12  # requests in the queue arm (half copy-heavy, half plain, alternating)
 PLAIN_TASKS = [
     "Write a long, detailed essay about the history of the printing press.",
     "Explain step by step how a compiler turns source code into machine code.",
@@ -95,12 +98,14 @@ def _chat(tokenizer, text: str) -> list[int]:
 async def _one(engine: Engine, req: GenerationRequest) -> dict[str, Any]:
     t0 = time.perf_counter()
     stamps: list[tuple[float, float]] = []  # (wall, process cpu) at each chunk with tokens
+    counts: list[int] = []  # tokens in each of those chunks
     tokens: list[int] = []
     first = 0  # tokens in the first chunk (they come with the prefill)
     fill = None
     async for chunk in engine.stream(req):
         if chunk.tokens:
             stamps.append((time.perf_counter(), time.process_time()))
+            counts.append(len(chunk.tokens))
             tokens += chunk.tokens
             first = first or len(chunk.tokens)
         if chunk.finish_reason is not None:
@@ -112,7 +117,8 @@ async def _one(engine: Engine, req: GenerationRequest) -> dict[str, Any]:
     wall = stamps[-1][0] - stamps[0][0] if len(stamps) > 1 else 0.0
     cpu = stamps[-1][1] - stamps[0][1] if len(stamps) > 1 else 0.0
     return {"tokens": tokens, "tps": n / wall if wall > 0 else 0.0, "tps_cpu": n / cpu if cpu > 0 else 0.0,
-            "start": t0, "end": stamps[-1][0] if stamps else t0, "fill": fill}
+            "start": t0, "end": stamps[-1][0] if stamps else t0, "fill": fill,
+            "emitted": [(w, k) for (w, _), k in zip(stamps, counts)]}
 
 
 class NoProposals:
@@ -144,7 +150,14 @@ def _rows(engine: Engine, prompts: list[list[int]], methods: list[list[str]], n:
     rows = asyncio.run(go())
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     total = sum(len(r["tokens"]) for r in rows)
-    return {"rows": rows, "agg_tps": total / wall, "agg_tps_cpu": total / cpu}
+    # Under load: tokens/s from the first token until the last row got its first token
+    # (every slot busy while requests wait), leaving out the drain at the end, when
+    # fewer rows run than the batch holds.
+    start = min(r["emitted"][0][0] for r in rows if r["emitted"])
+    admitted = max(r["emitted"][0][0] for r in rows if r["emitted"])
+    busy = sum(k for r in rows for w, k in r["emitted"][1:] if w <= admitted)
+    busy_tps = busy / (admitted - start) if admitted > start else 0.0
+    return {"rows": rows, "agg_tps": total / wall, "agg_tps_cpu": total / cpu, "busy_tps": busy_tps}
 
 
 def width_costs(engine: Engine, context: int = 256, widths=(1, 9, 17), batches=(1, 4), reps: int = 8) -> dict[str, Any]:
@@ -177,7 +190,7 @@ def width_costs(engine: Engine, context: int = 256, widths=(1, 9, 17), batches=(
                     if b > 1:  # one row carries w-1 proposal tokens, the others none
                         t0 = time.perf_counter()
                         rows = [[5] * w] + [[5]] * (b - 1)
-                        logits, _ = runner.forward_ragged(rows, cache, [True] + [False] * (b - 1))
+                        logits, _ = runner.forward_ragged(rows, cache, [w] + [1] * (b - 1))
                         mx.eval(mx.argmax(logits, axis=-1))
                         if rep:
                             ragged[w].append(time.perf_counter() - t0)
@@ -194,10 +207,10 @@ def width_costs(engine: Engine, context: int = 256, widths=(1, 9, 17), batches=(
     return out
 
 
-def _summary(a: list[dict[str, float]], b: list[dict[str, float]], key: str) -> dict[str, Any]:
+def _summary(a: list[dict[str, float]], b: list[dict[str, float]], key: str, cpu: bool = True) -> dict[str, Any]:
     """Arm a vs arm b: medians and the median of per-pair ratios (pairs ran back to back)."""
     out: dict[str, Any] = {}
-    for clock, k in (("wall", key), ("cpu", key + "_cpu")):
+    for clock, k in (("wall", key), ("cpu", key + "_cpu"))[: 2 if cpu else 1]:
         ra = [x[k] for x in a]
         rb = [x[k] for x in b]
         out[clock] = {
@@ -251,7 +264,7 @@ def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3) -> di
             if r == 0 and arm == "echo":
                 telemetry += [{"group": "mixed", **x["fill"]} for x in res["rows"]]
         identical["mixed"].append(got["base"] == got["echo"] == got["echo_uncapped"])
-        queue = [copy_prompts[i % 2] if i % 2 == 0 else plain_prompts[(i // 2) % 2] for i in range(8)]
+        queue = [copy_prompts[(i // 2) % 2] if i % 2 == 0 else plain_prompts[(i // 2) % 2] for i in range(QUEUE)]
         cap, engine.scheduler.config.max_batch = engine.scheduler.config.max_batch, 4
         got = {}
         for arm in ("base", "echo") if r % 2 == 0 else ("echo", "base"):
@@ -290,8 +303,11 @@ def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3) -> di
             "width_policy": engine.scheduler.width_policy.as_dict(),
             "identical_outputs": all(identical["mixed"]),
         },
-        "queue_of_8_through_4_slots": {
+        f"queue_of_{QUEUE}_through_4_slots": {
+            # whole run, submit to last token (ends with the last rows draining alone)
             "echo_vs_ordinary": _summary(arms["queue_echo"], arms["queue_base"], "agg_tps"),
+            # while requests wait and every slot is busy (wall clock only)
+            "echo_vs_ordinary_under_load": _summary(arms["queue_echo"], arms["queue_base"], "busy_tps", cpu=False)["wall"],
             "identical_outputs": all(identical["queue"]),
         },
         "forward_cost_by_width": widths,

@@ -69,31 +69,37 @@ class ModelRunner:
         return None if positions is None else logits[:, positions, :]
 
     def forward_ragged(
-        self, rows: list[list[int]], cache: RowKVCache, every: list[bool]
-    ) -> tuple[mx.array, list[int]]:
+        self, rows: list[list[int]], cache: RowKVCache, counts: list[int]
+    ) -> tuple[mx.array | None, list[int]]:
         """Rows of different widths in one forward, each written at its cache end.
 
-        Returns lazy logits [N, V] and each row's first index into them: all of row
-        b's positions when `every[b]`, else only its last. Models the ragged path
-        supports (engine/ragged.py) compute no padding outside attention; others are
-        padded to the widest row and sliced.
+        counts[b] logit positions for row b: all of its inputs (len(rows[b])), only its
+        last (1) or none (0). Returns lazy logits [N, V] (None when no row needs any:
+        the vocabulary projection is skipped) and each row's first index into them.
+        Models the ragged path supports (engine/ragged.py) compute no padding outside
+        attention; others are padded to the widest row and sliced.
         """
         picks: list[int] = []
         offsets: list[int] = []
-        if self.ragged and len({len(r) for r in rows}) > 1:
-            hidden, layout = ragged_hidden(self.model, rows, cache)
-            for b, r in enumerate(rows):
-                offsets.append(len(picks))
-                start = layout.offsets[b]
-                picks += list(range(start, start + len(r))) if every[b] else [start + len(r) - 1]
-            return self.head(mx.take(hidden, mx.array(picks, dtype=mx.int32), axis=0)), offsets
+        ragged = self.ragged and len({len(r) for r in rows}) > 1
         width = max(len(r) for r in rows)
+        for b, (r, n) in enumerate(zip(rows, counts)):
+            offsets.append(len(picks))
+            start = 0 if ragged else b * width
+            picks += [start + len(r) - n + i for i in range(n)]
+        if ragged:
+            hidden, layout = ragged_hidden(self.model, rows, cache)
+            if not picks:
+                return None, offsets
+            shift = [layout.offsets[b] for b, n in enumerate(counts) for _ in range(n)]
+            idx = mx.array([p + s for p, s in zip(picks, shift)], dtype=mx.int32)
+            return self.head(mx.take(hidden, idx, axis=0)), offsets
         padded = [r + [0] * (width - len(r)) for r in rows]
+        if not picks:
+            self.forward(padded, cache, None)
+            return None, offsets
         logits = self.forward(padded, cache, slice(None) if width > 1 else slice(-1, None))
         flat = logits.reshape(-1, logits.shape[-1])
-        for b, r in enumerate(rows):
-            offsets.append(len(picks))
-            picks += [b * width + i for i in range(len(r))] if every[b] else [b * width + len(r) - 1]
         if len(picks) == flat.shape[0]:
             return flat, offsets
         return mx.take(flat, mx.array(picks, dtype=mx.int32), axis=0), offsets

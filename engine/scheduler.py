@@ -276,10 +276,18 @@ class Scheduler:
         t0 = time.perf_counter()  # the width policy fits forward cost, not proposing time
         inputs = [[r.pending] + (p.tokens if p else []) for r, p in zip(rows, props)]
         width = max(len(x) for x in inputs)
-        # verified proposals need logits at every position; asserted ones after the last
-        every = [p is not None and not p.asserted for p in props]
-        logits, offsets = self.runner.forward_ragged(inputs, self.group, every)
-        where = [(o, e) for o, e in zip(offsets, every)]
+        # Logit positions per row: verified proposals need one at every input; asserted
+        # ones only after the last; an asserted run cut here needs none (it continues
+        # next round). A round of cut runs only skips the vocabulary projection.
+        counts = [
+            0 if p is not None and p.asserted and p.cut else len(x) if p is not None and not p.asserted else 1
+            for p, x in zip(props, inputs)
+        ]
+        logits, offsets = self.runner.forward_ragged(inputs, self.group, counts)
+        if logits is None:
+            mx.eval(self.group.arrays())
+            self.counters["head_skipped_rounds"] += 1
+        where = list(zip(offsets, counts))
         picks = self._choose(rows, props, logits, where)
         counts = []
         done = []
@@ -313,46 +321,48 @@ class Scheduler:
         rows: list[Row],
         props: list[Proposal | None],
         logits: mx.array,
-        where: list[tuple[int, bool]],
+        where: list[tuple[int, int]],
     ) -> list[tuple[list[int], list[str], int, int]]:
         """Each row's emitted tokens, their kinds, how many inputs it consumed and how
         many verified tokens it accepted.
 
-        logits: [N, V]; row b's logits start at where[b][0] and cover each of its inputs
-        when where[b][1], else only its last (position i predicts the token after the
-        row's i-th input). Verified tokens are accepted while the row's sampler, at that
-        absolute position, picks them; asserted tokens are taken as given and the row
-        samples after them.
+        logits: [N, V] or None (no row needs any); row b has where[b][1] positions from
+        where[b][0]: one per input (position i predicts the token after the row's i-th
+        input), only its last, or none. Verified tokens are accepted while the row's
+        sampler, at that absolute position, picks them; asserted tokens are taken as
+        given and the row samples after them.
         """
-        argmax = mx.argmax(logits, axis=-1)  # [N]
-        need = [b for b, r in enumerate(rows) if r.sampler.needs_logits or r.constraint is not None]
+        argmax = None if logits is None else mx.argmax(logits, axis=-1)  # [N]
+        need = [
+            b for b, r in enumerate(rows) if (r.sampler.needs_logits or r.constraint is not None) and where[b][1]
+        ]
         host = None
         if need:
             # only the needing rows' logits cross to the host
-            spans = [(where[b][0], self._span(props[b], where[b][1])) for b in need]
+            spans = [where[b] for b in need]
             if sum(n for _, n in spans) == logits.shape[0]:
                 sub = logits
             else:
                 sub = mx.take(logits, mx.array([o + i for o, n in spans for i in range(n)], dtype=mx.int32), axis=0)
             mx.eval(argmax, sub)
             host = np.array(sub.astype(mx.float32), copy=False)
-        else:
+        elif argmax is not None:
             mx.eval(argmax)
-        table = argmax.tolist()
+        table = [] if argmax is None else argmax.tolist()
         hosted: dict[int, int] = {}
         at = 0
         for b in need:
             hosted[b] = at
-            at += self._span(props[b], where[b][1])
+            at += where[b][1]
         out = []
         for b, (row, prop) in enumerate(zip(rows, props)):
             sampler = row.sampler
             constraint = row.constraint
             base = row.position  # absolute position of the first token chosen this round
-            first, every = where[b]
+            first, count = where[b]
 
             def pick(i: int) -> int:
-                j = i if every else 0  # without `every` only the last position has logits
+                j = i if count > 1 else 0  # a single position is the row's last
                 if host is None or b not in hosted:
                     tok = table[first + j]
                 else:
@@ -425,11 +435,6 @@ class Scheduler:
             acc = row.acceptance[key] = Acceptance(prior_rate=prior_rate(prop.match))
         return acc
 
-    @staticmethod
-    def _span(prop: Proposal | None, every: bool) -> int:
-        """How many logit positions a row has in a round (see forward_ragged)."""
-        return 1 + len(prop.tokens) if every and prop is not None else 1
-
     def _pick_first(self, row: Row, logits: mx.array) -> tuple[int, str]:
         """The first token after the prompt, from logits [1, V], and its kind.
 
@@ -444,4 +449,4 @@ class Scheduler:
                 if row.constraint is not None:
                     row.constraint.accept(tok)
                 return tok, prop.kind
-        return self._choose([row], [None], logits, [(0, False)])[0][0][0], "sampled"
+        return self._choose([row], [None], logits, [(0, 1)])[0][0][0], "sampled"

@@ -241,5 +241,16 @@ def test_asserted_run_longer_than_a_round_is_exact(loaded_model):
         assert toks == script and set(kinds) == {"scripted"}
         assert chunks[-1].finish_reason == "stop"
         assert chunks[-1].fill["tokens"] == {"scripted": len(script)}
+        # rounds of cut runs skip the vocabulary projection
+        assert eng.scheduler.counters["head_skipped_rounds"] >= 2
+
+        # ... and leave the cache exact: what the row samples after the script equals
+        # ordinary decoding of prompt + script
+        text = script[:-1]
+        chunks = eng.generate_sync(GenerationRequest(prompt=prompt, max_tokens=len(text) + 12, proposers=[_Assert(text)]))
+        toks = [t for c in chunks for t in c.tokens]
+        assert toks[: len(text)] == text
+        want = run(eng, GenerationRequest(prompt=prompt + text, max_tokens=12))[0]
+        assert_same_or_near_tie(model, prompt + text, toks[len(text) :], want)
     finally:
         eng.close()

@@ -57,16 +57,16 @@ def runner(loaded_model):
 def test_ragged_equals_padded(runner, widths):
     prompts = _prompts([60 + 7 * b for b in range(len(widths))])
     rows = [[(b * 31 + i * 17) % 20000 + 50 for i in range(w)] for b, w in enumerate(widths)]
-    every = [w > 1 or b % 2 == 0 for b, w in enumerate(widths)]
+    counts = [w if b % 2 == 0 else 1 for b, w in enumerate(widths)]  # all positions or the last
     caches, outs = [], []
     for use_ragged in (True, False):
         runner.ragged = use_ragged
         try:
             cache = _group_cache(runner, prompts)
-            logits, offsets = runner.forward_ragged(rows, cache, every)
+            logits, offsets = runner.forward_ragged(rows, cache, counts)
             keep = [max(1, w - b % 3) for b, w in enumerate(widths)]  # roll some tokens back
             cache.advance(keep)
-            nxt, _ = runner.forward_ragged([[7]] * len(widths), cache, [False] * len(widths))
+            nxt, _ = runner.forward_ragged([[7]] * len(widths), cache, [1] * len(widths))
             mx.eval(logits, nxt)
         finally:
             runner.ragged = True
@@ -74,10 +74,30 @@ def test_ragged_equals_padded(runner, widths):
         outs.append((logits, offsets, nxt))
     (a, oa, na), (b, ob, nb) = outs
     assert oa == ob
-    assert a.shape == b.shape == (sum(w if e else 1 for w, e in zip(widths, every)), a.shape[-1])
+    assert a.shape == b.shape == (sum(counts), a.shape[-1])
     assert float(mx.abs(a - b).max()) < TOL
     assert float(mx.abs(na - nb).max()) < TOL
     assert caches[0].ends == caches[1].ends
+
+
+@pytest.mark.parametrize("use_ragged", [True, False])
+def test_rounds_without_logits_skip_the_head_and_keep_the_cache(runner, use_ragged):
+    prompts = _prompts([40, 55])
+    rows = [[11, 12, 13], [14]]
+    outs = []
+    runner.ragged = use_ragged
+    try:
+        for counts in ([0, 0], [3, 1]):
+            cache = _group_cache(runner, prompts)
+            logits, offsets = runner.forward_ragged(rows, cache, counts)
+            assert (logits is None) == (counts == [0, 0])
+            mx.eval(cache.arrays())
+            cache.advance([3, 1])
+            nxt, _ = runner.forward_ragged([[7], [7]], cache, [1, 1])
+            outs.append(nxt)
+    finally:
+        runner.ragged = True
+    assert float(mx.abs(outs[0] - outs[1]).max()) < TOL
 
 
 def test_attention_runs_split_only_when_worth_it():
