@@ -19,6 +19,7 @@ from .model_runner import ModelRunner
 from .row import Row
 from .sampler import RowSampler
 from .scheduler import Scheduler, SchedulerConfig
+from .threads import join_fully
 from .types import EngineError, GenerationRequest, TokenChunk
 
 log = logging.getLogger("jumpahead.engine")
@@ -136,6 +137,7 @@ class Engine:
                 if not busy:
                     self._wake.wait(timeout=0.25)
                     self._wake.clear()
+            mx.synchronize()  # nothing of this stream may still run when the process exits
 
     # --- any thread ----------------------------------------------------------------------
     def validate(self, req: GenerationRequest) -> None:
@@ -288,6 +290,6 @@ class Engine:
     def close(self) -> None:
         self._closed = True
         self._wake.set()
-        self._thread.join(timeout=10)
+        join_fully(self._thread, timeout=10)
         if self.prefix_cache is not None:
             self.prefix_cache.close()  # finishes queued SSD writes, releases the directory

@@ -41,6 +41,8 @@ from typing import Any, Callable
 import mlx.core as mx
 import numpy as np
 
+from .threads import join_fully
+
 log = logging.getLogger("jumpahead.engine.cache")
 
 FORMAT = "jumpahead-prefix-kv/1"
@@ -357,7 +359,7 @@ class SsdStore:
             self._closed = True
             self._jobs.clear()
             self._cv.notify_all()
-        self._thread.join(timeout=5)
+        join_fully(self._thread, timeout=5)
         if self._lock_fd >= 0:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
             os.close(self._lock_fd)

@@ -254,3 +254,28 @@ def test_asserted_run_longer_than_a_round_is_exact(loaded_model):
         assert_same_or_near_tie(model, prompt + text, toks[len(text) :], want)
     finally:
         eng.close()
+
+
+EXIT_SCRIPT = """
+import jumpahead.engine
+from jumpahead.engine.engine import Engine, EngineConfig
+from jumpahead.engine.types import GenerationRequest
+eng = Engine.load(None, EngineConfig(prefix_cache_ssd=False), progress=lambda s: None)
+p = eng.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+eng.generate_sync(GenerationRequest(prompt=p, max_tokens=3, methods=["echo"]))
+eng.close()
+"""
+
+
+def test_process_exits_cleanly_after_close(tmp_path):
+    """Closing the engine and exiting at once must not race the engine thread's C++
+    thread-local destructors (libstdc++ aborted ~1 run in 4 before engine/threads.py)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit.py"
+    script.write_text(EXIT_SCRIPT)
+    for _ in range(6):
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "terminate called" not in proc.stderr
