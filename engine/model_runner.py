@@ -12,7 +12,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from .ragged import ragged_hidden, supports_ragged
+from .ragged import MIN_PADS, ragged_hidden, supports_ragged
 from .row_cache import RowKVCache
 
 # model_type values whose Model.__call__ is exactly `head(self.model(...))`.
@@ -81,8 +81,8 @@ class ModelRunner:
         """
         picks: list[int] = []
         offsets: list[int] = []
-        ragged = self.ragged and len({len(r) for r in rows}) > 1
         width = max(len(r) for r in rows)
+        ragged = self.ragged and len(rows) * width - sum(len(r) for r in rows) >= MIN_PADS
         for b, (r, n) in enumerate(zip(rows, counts)):
             offsets.append(len(picks))
             start = 0 if ragged else b * width

@@ -48,13 +48,16 @@ def supports_ragged(model: nn.Module) -> bool:
 
 
 # Attention runs per run of consecutive rows of equal width when that saves more than
-# it costs. On this CPU MLX's attention costs ~70 us per (row, query) per layer at 330
-# keys (it grows with the context), as much as the rest of the layer for a token, so
-# a padded query slot costs nearly what a real token costs. One more run costs its
-# own ~8 ops per layer (slices, RoPE, attention, reshapes), ~3.5 padded slots' worth.
-# Measured per layer at 330 keys: widths [9,1,9,1] 2.45 ms batched vs 1.48 ms per
-# row, [17,1,1,1] 3.52 vs 1.26; whole forwards [1,2,1,1] equal either way.
-SLOT_PER_CALL = 1 / 3.5  # padded query slots that pay for one more attention run
+# it costs. On this CPU every MLX op costs ~30-40 us of dispatch, so one more run (its
+# slices, RoPE, attention and reshapes in 30 layers) costs ~5-6 ms a forward, while a
+# padded query slot costs ~1 ms at ~250 cached tokens (more as the context grows).
+# Measured at B=4 (ms): [9,1,9,1] one call 176 vs per run 175; [2,1,2,1] 100 vs 118;
+# at B=4 [17,1,1,1] and B=12 [9,1x11] runs won 25 and 100 ms.
+SLOT_PER_CALL = 1 / 6  # padded query slots that pay for one more attention run
+# Below this many padded slots the plain padded forward (mlx-lm's own layers) wins:
+# the ragged path's extra gathers cost more than a few padded tokens' MLP (B=4: [2,1,1,1]
+# padded 85 vs ragged 88 ms, [2,1,2,1] 90 vs 100; [3,3,1,1] 108 vs 98).
+MIN_PADS = 4
 
 
 @dataclass

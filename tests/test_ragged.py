@@ -47,8 +47,9 @@ def runner(loaded_model):
 @pytest.mark.parametrize(
     "widths",
     [
-        [9, 1, 9, 1],  # attention per row
-        [17, 1, 1, 1],  # a run of three width-1 rows
+        [9, 1, 9, 1],  # one attention call
+        [17, 1, 1, 1],  # attention per run: a run of three width-1 rows
+        [1, 1, 9, 1, 1, 1, 1, 1, 1, 1, 1, 1],  # per run, the wide row in the middle
         [2, 1, 2, 1, 2, 1, 2, 1],  # one padded attention call
         [1, 5, 1, 1, 3, 1, 1, 1, 1, 12],
         [4, 4, 2],
@@ -102,11 +103,13 @@ def test_rounds_without_logits_skip_the_head_and_keep_the_cache(runner, use_ragg
 
 def test_attention_runs_split_only_when_worth_it():
     assert ragged.RaggedLayout([3, 3, 3, 3]).runs is None  # nothing padded
-    assert ragged.RaggedLayout([2, 1, 2, 1, 2, 1, 2, 1]).runs is None  # 4 pads < 7 more calls
+    assert ragged.RaggedLayout([2, 1, 2, 1, 2, 1, 2, 1]).runs is None  # 4 pads < 7 more runs
+    assert ragged.RaggedLayout([9, 1, 9, 1]).runs is None  # 16 pads < 3 more runs
     lay = ragged.RaggedLayout([17, 1, 1, 1])
     assert [(r.start, r.stop, r.width) for r in lay.runs] == [(0, 1, 17), (1, 4, 1)]
+    lay = ragged.RaggedLayout([1, 1, 9, 1, 1, 1, 1, 1, 1, 1, 1, 1])
+    assert [r.width for r in lay.runs] == [1, 9, 1]
     lay = ragged.RaggedLayout([9, 1, 9, 1])
-    assert [r.width for r in lay.runs] == [9, 1, 9, 1]
     assert lay.T == 20 and lay.offsets == [0, 9, 10, 19]
     # pack and spread are inverse on real tokens
     assert [lay.spread.tolist()[i] for i in lay.pack.tolist()] == list(range(lay.T))
