@@ -8,9 +8,10 @@ Here the rows' real tokens are packed into one sequence [1, T] for everything th
 acts per token (embedding, norms, q/k/v/o projections, MLP, head). Keys and values
 are spread into the padded [B, W] layout for the cache write (padded slots repeat the
 row's last real token: their keys land past the row's end, where the row's own mask
-hides them until real tokens overwrite them). Attention, which on this CPU costs as
-much per query as the rest of the layer, runs per run of consecutive equal-width rows
-on slices of the cache, so no padded query is computed either (RaggedLayout.runs).
+hides them until real tokens overwrite them). Attention runs in one call over the
+padded grid, or, where that spares many padded queries, per run of consecutive
+equal-width rows on slices of the cache (RaggedLayout.runs). With only a few padded
+slots the plain padded forward is cheaper still (MIN_PADS; ModelRunner.forward_ragged).
 
 mlx-lm's decoder layers cannot be called this way (their attention reshapes its input
 to [B, L, ...] before projecting), so this re-states the standard pre-norm block
