@@ -137,7 +137,6 @@ class Engine:
                 if not busy:
                     self._wake.wait(timeout=0.25)
                     self._wake.clear()
-            mx.synchronize()  # nothing of this stream may still run when the process exits
 
     # --- any thread ----------------------------------------------------------------------
     def validate(self, req: GenerationRequest) -> None:

@@ -79,21 +79,21 @@ class ModelRunner:
         Models the ragged path supports (engine/ragged.py) compute no padding outside
         attention; others are padded to the widest row and sliced.
         """
-        picks: list[int] = []
-        offsets: list[int] = []
         width = max(len(r) for r in rows)
         ragged = self.ragged and len(rows) * width - sum(len(r) for r in rows) >= MIN_PADS
+        picks: list[int] = []  # hidden/logit rows to keep: packed index, or b * width + i
+        offsets: list[int] = []
+        packed = 0
         for b, (r, n) in enumerate(zip(rows, counts)):
             offsets.append(len(picks))
-            start = 0 if ragged else b * width
+            start = packed if ragged else b * width
             picks += [start + len(r) - n + i for i in range(n)]
+            packed += len(r)
         if ragged:
-            hidden, layout = ragged_hidden(self.model, rows, cache)
+            hidden, _ = ragged_hidden(self.model, rows, cache)
             if not picks:
                 return None, offsets
-            shift = [layout.offsets[b] for b, n in enumerate(counts) for _ in range(n)]
-            idx = mx.array([p + s for p, s in zip(picks, shift)], dtype=mx.int32)
-            return self.head(mx.take(hidden, idx, axis=0)), offsets
+            return self.head(mx.take(hidden, mx.array(picks, dtype=mx.int32), axis=0)), offsets
         padded = [r + [0] * (width - len(r)) for r in rows]
         if not picks:
             self.forward(padded, cache, None)

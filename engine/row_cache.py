@@ -36,7 +36,7 @@ class ForwardPlan:
 def plan_forward(starts: list[int], width: int, explicit: bool = False) -> ForwardPlan:
     """Precompute the mask/offset shared by every layer of one forward. `explicit`
     asks for the per-row mask array even when all starts are equal (a ragged
-    forward slices it per row group)."""
+    forward slices it per run of rows; engine/ragged.py)."""
     uniform = not explicit and all(s == starts[0] for s in starts)
     span = max(starts) + width
     offset = mx.array(starts, dtype=mx.int32)

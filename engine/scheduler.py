@@ -185,9 +185,7 @@ class Scheduler:
                         # Checked strict tokens are exempt: the grammar allows only them.
                         acc = self._acceptance(row, prop)
                         worth = self.width_policy.cap(acc.rate, keep, max(1, len(self.running)))
-                        if worth < keep:
-                            self.counters["verified_capped"] += keep - worth
-                            row.stats.capped += keep - worth
+                        self._count_capped(row, keep - worth)
                         if worth == 0:
                             acc.forget()
                             continue
@@ -215,11 +213,14 @@ class Scheduler:
         if self.width_policy.round_pays(expected, tokens, len(rows)):
             return
         for i in verified:
-            n = len(props[i].tokens)
-            self.counters["verified_capped"] += n
-            rows[i].stats.capped += n
+            self._count_capped(rows[i], len(props[i].tokens))
             self._acceptance(rows[i], props[i]).forget()
             props[i] = None
+
+    def _count_capped(self, row: Row, n: int) -> None:
+        """Telemetry: `n` proposed tokens not carried (not worth their cost)."""
+        self.counters["verified_capped"] += n
+        row.stats.capped += n
 
     def _greedy_round(self) -> bool:
         """Plain greedy decoding, pipelined the way mlx-lm's generate_step is: the next
@@ -279,15 +280,15 @@ class Scheduler:
         # Logit positions per row: verified proposals need one at every input; asserted
         # ones only after the last; an asserted run cut here needs none (it continues
         # next round). A round of cut runs only skips the vocabulary projection.
-        counts = [
+        n_logits = [
             0 if p is not None and p.asserted and p.cut else len(x) if p is not None and not p.asserted else 1
             for p, x in zip(props, inputs)
         ]
-        logits, offsets = self.runner.forward_ragged(inputs, self.group, counts)
+        logits, offsets = self.runner.forward_ragged(inputs, self.group, n_logits)
         if logits is None:
             mx.eval(self.group.arrays())
             self.counters["head_skipped_rounds"] += 1
-        where = list(zip(offsets, counts))
+        where = list(zip(offsets, n_logits))
         picks = self._choose(rows, props, logits, where)
         counts = []
         done = []
@@ -311,8 +312,9 @@ class Scheduler:
         self.counters["forwards"] += 1
         self.counters["rounds"] += 1
         self.counters["round_width_sum"] += width
-        self.counters["round_tokens_sum"] += sum(len(x) for x in inputs)
-        self.width_policy.observe_round(sum(len(x) for x in inputs), width, time.perf_counter() - t0)
+        round_tokens = sum(len(x) for x in inputs)
+        self.counters["round_tokens_sum"] += round_tokens
+        self.width_policy.observe_round(round_tokens, width, time.perf_counter() - t0)
         if done:
             self._retire(done)
 

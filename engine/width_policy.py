@@ -20,7 +20,7 @@ gets to try again.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 # Copies whose source matched at least this many recent tokens are accepted far more

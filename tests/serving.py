@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -12,6 +14,17 @@ from typing import Any
 import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
 
 SCRIPT_SLICE = 1024  # max_asserted for script-mode test engines: a whole turn in one round
+
+
+def interrupt(proc: subprocess.Popen, timeout: float) -> int:
+    """Stop a server process with Ctrl-C, as a user would; its exit code (killed and
+    raised if it does not stop within `timeout`)."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
 
 
 def free_port() -> int:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
 from jumpahead.proxy.script import Script, ScriptedCall, ScriptTurn
 
 from . import agent_clients
-from .serving import free_port, script_engine, serve
+from .serving import free_port, interrupt, script_engine, serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -174,10 +173,5 @@ def test_aider_against_serve_script_subprocess(tmp_path):
         assert target.read_text() == CONTENT
         assert httpx.get(f"{url}/health").json()["script"] == {"file": str(script_file), "turns": 1, "served": 1}
     finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            code = server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            raise
+        code = interrupt(server, timeout=60)
     assert code == 0

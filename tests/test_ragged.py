@@ -52,10 +52,12 @@ def runner(loaded_model):
         [1, 1, 9, 1, 1, 1, 1, 1, 1, 1, 1, 1],  # per run, the wide row in the middle
         [2, 1, 2, 1, 2, 1, 2, 1],  # one padded attention call
         [1, 5, 1, 1, 3, 1, 1, 1, 1, 12],
-        [4, 4, 2],
+        [5, 5, 1],  # one attention call, the narrow row last
     ],
 )
 def test_ragged_equals_padded(runner, widths):
+    # every case must really take the ragged path (below MIN_PADS both arms are padded)
+    assert len(widths) * max(widths) - sum(widths) >= ragged.MIN_PADS
     prompts = _prompts([60 + 7 * b for b in range(len(widths))])
     rows = [[(b * 31 + i * 17) % 20000 + 50 for i in range(w)] for b, w in enumerate(widths)]
     counts = [w if b % 2 == 0 else 1 for b, w in enumerate(widths)]  # all positions or the last
@@ -84,16 +86,17 @@ def test_ragged_equals_padded(runner, widths):
 @pytest.mark.parametrize("use_ragged", [True, False])
 def test_rounds_without_logits_skip_the_head_and_keep_the_cache(runner, use_ragged):
     prompts = _prompts([40, 55])
-    rows = [[11, 12, 13], [14]]
+    rows = [[11, 12, 13, 15, 16], [14]]  # 4 padded slots: the ragged path when use_ragged
+    assert 2 * 5 - 6 >= ragged.MIN_PADS
     outs = []
     runner.ragged = use_ragged
     try:
-        for counts in ([0, 0], [3, 1]):
+        for counts in ([0, 0], [5, 1]):
             cache = _group_cache(runner, prompts)
             logits, offsets = runner.forward_ragged(rows, cache, counts)
             assert (logits is None) == (counts == [0, 0])
             mx.eval(cache.arrays())
-            cache.advance([3, 1])
+            cache.advance([5, 1])
             nxt, _ = runner.forward_ragged([[7], [7]], cache, [1, 1])
             outs.append(nxt)
     finally:

@@ -4,23 +4,17 @@ answers on 127.0.0.1, and exits cleanly on Ctrl-C."""
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from .serving import free_port, interrupt
 
 
 def test_serve_subprocess_answers_and_stops_on_sigint():
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "jumpahead.proxy.cli", "serve", "--port", str(port), "--max-batch", "2",
          "--log-level", "warning"],
@@ -41,12 +35,7 @@ def test_serve_subprocess_answers_and_stops_on_sigint():
                        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 2
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            code = proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        code = interrupt(proc, timeout=30)
     assert code == 0
 
 
