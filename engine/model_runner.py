@@ -12,6 +12,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from . import attention
 from .ragged import MIN_PADS, ragged_hidden, supports_ragged
 from .row_cache import RowKVCache
 
@@ -40,6 +41,8 @@ class ModelRunner:
             self.trimmable = all(type(c).__name__ in ("KVCache", "RotatingKVCache") for c in make_cache())
         self.context_length = int(getattr(args, "max_position_embeddings", None) or 32768)
         self.ragged = self.split and supports_ragged(model)
+        # our cache layers' attention calls go through engine/attention.py (fast on CPU)
+        attention.install(model)
 
     def new_cache(self) -> RowKVCache:
         return RowKVCache(self.n_layers)

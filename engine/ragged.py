@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.base import scaled_dot_product_attention
 
+from .attention import attention
 from .row_cache import ForwardPlan, RowKVCache
 
 RAGGED_MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
@@ -127,7 +127,7 @@ def _attention(attn: nn.Module, x: mx.array, layout: RaggedLayout, cache) -> mx.
         if q_norm is not None:
             q = q_norm(q)
         q = attn.rope(q, offset=plan.offset)
-        out = scaled_dot_product_attention(q, keys, values, cache=cache, scale=attn.scale, mask=plan.mask)
+        out = attention(q, keys, values, attn.scale, plan.mask)
         out = out.transpose(0, 2, 1, 3).reshape(layout.B * layout.W, -1)
         return attn.o_proj(mx.take(out, layout.pack, axis=0)[None])
     outs = []
@@ -139,7 +139,7 @@ def _attention(attn: nn.Module, x: mx.array, layout: RaggedLayout, cache) -> mx.
             q = q_norm(q)
         q = attn.rope(q, offset=r.offset)
         kr, vr = keys[r.start : r.stop], values[r.start : r.stop]
-        out = scaled_dot_product_attention(q, kr, vr, cache=cache, scale=attn.scale, mask=r.mask)
+        out = attention(q, kr, vr, attn.scale, r.mask)
         outs.append(out.transpose(0, 2, 1, 3).reshape((r.stop - r.start) * r.width, -1))
     return attn.o_proj(mx.concatenate(outs, axis=0)[None])  # runs in order = packed order
 

@@ -13,6 +13,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "decode": ("jumpahead.engine.bench_decode", "decode tokens/s vs mlx-lm stream_generate and BatchGenerator"),
     "fill": ("jumpahead.engine.bench_fill", "strict fill, echo and mixed batches vs ordinary decoding"),
     "cache": ("jumpahead.engine.bench_cache", "time to first token: cold vs RAM hit vs SSD hit"),
+    "attention": ("jumpahead.engine.bench_attention", "prefill/decode by context: numpy-softmax attention vs MLX's kernel"),
 }
 
 

@@ -1,0 +1,105 @@
+"""Scaled dot-product attention that is fast on MLX's CPU backend.
+
+On the CPU, `mx.fast.scaled_dot_product_attention` falls back to composed ops, and
+MLX's CPU `exp` (so its softmax) runs at ~86 M elements/s here, while numpy's
+SIMD exp runs ~25x faster (BENCHMARKS.md). Attention's softmax has B*Hq*L*S
+elements per layer, so it dominates wherever the scores are large: a verifying round
+(L > 1 query per row), long contexts (S in the thousands: agent prompts are 10-30k
+tokens) and prefill chunks (L = 512). A 512-token chunk at 10k context spends
+~16 s in exp alone with MLX's, ~0.6 s with numpy's.
+
+So where the score tensor is large this computes the scores with MLX's matmul (the
+grouped query heads folded into the rows of one matmul per key head, no repeated
+keys), evaluates them, takes the softmax in numpy, and multiplies by the values in
+MLX. Evaluating mid-forward synchronizes once per layer, which measured cheap here
+(the engine does not pipeline rounds on the CPU); tiny score tensors keep MLX's own
+kernel. On a GPU nothing here
+applies: its kernels are fused.
+
+`install(model)` points an mlx-lm model module's `scaled_dot_product_attention` at
+`attention` for calls that carry our RowKVCache layers; any other cache (mlx-lm's
+own, used by its generate) goes to the original function unchanged.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+import mlx.core as mx
+import numpy as np
+
+# Score elements per layer (B * Hq * L * S) from which the numpy softmax is used.
+# Measured break-even: single-row decoding at 400 cached tokens (3.6k elements) costs
+# the same either way, at 1.2k tokens numpy is 11% faster per token, at 4k 27%.
+NUMPY_MIN = 4096
+
+
+def _mask_array(mask: Any, L: int, S: int) -> mx.array | None:
+    """A boolean (True = visible) or additive mask broadcastable to [B, 1, L, S]."""
+    if mask is None:
+        return None
+    if isinstance(mask, str):
+        if mask != "causal":
+            raise ValueError(f"unsupported attention mask {mask!r}")
+        # bottom-right aligned, as mx.fast.scaled_dot_product_attention's "causal"
+        rows = mx.arange(L, dtype=mx.int32)[:, None] + (S - L)
+        return mx.arange(S, dtype=mx.int32)[None, :] <= rows
+    return mask
+
+
+def _softmax_rows(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis, in float32, with numpy's vectorized exp."""
+    x = x - x.max(axis=-1, keepdims=True)
+    np.exp(x, out=x)
+    x /= x.sum(axis=-1, keepdims=True)
+    return x
+
+
+def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: Any = None) -> mx.array:
+    """softmax(q k^T * scale + mask) v for q [B, Hq, L, D], k/v [B, Hkv, S, D]."""
+    B, Hq, L, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    if B * Hq * L * S < NUMPY_MIN or mx.default_device() != mx.cpu:
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+    rep = Hq // Hkv
+    # query head h reads key head h // rep: fold the rep heads' queries into rows
+    scores = (q * scale).reshape(B, Hkv, rep * L, D) @ k.swapaxes(-1, -2)  # [B, Hkv, rep*L, S]
+    m = _mask_array(mask, L, S)
+    if m is not None:
+        s5 = scores.reshape(B, Hkv, rep, L, S)
+        if m.ndim == 4:  # [B or 1, 1 or Hq, L, S]
+            m = m.reshape(m.shape[0], -1, 1, L, S) if m.shape[1] == 1 else m.reshape(m.shape[0], Hkv, rep, L, S)
+        if m.dtype == mx.bool_:
+            s5 = mx.where(m, s5, mx.array(-np.inf, dtype=s5.dtype))
+        else:
+            s5 = s5 + m.astype(s5.dtype)
+        scores = s5.reshape(B, Hkv, rep * L, S)
+    scores = scores.astype(mx.float32)
+    mx.eval(scores)
+    probs = mx.array(_softmax_rows(np.array(scores, copy=False)))
+    out = probs.astype(v.dtype) @ v  # [B, Hkv, rep*L, Dv]
+    return out.reshape(B, Hq, L, v.shape[-1])
+
+
+def install(model: Any) -> bool:
+    """Route the model module's attention calls with our cache layers through
+    `attention`. Returns False (and changes nothing) for model modules that do not
+    call mlx-lm's `scaled_dot_product_attention`."""
+    from .row_cache import LayerCache
+
+    module = sys.modules.get(type(model).__module__)
+    original: Callable | None = getattr(module, "scaled_dot_product_attention", None)
+    if original is None:
+        return False
+    if getattr(original, "_jumpahead", False):
+        return True
+
+    def routed(queries, keys, values, cache, scale, mask, sinks=None):
+        if isinstance(cache, LayerCache) and sinks is None:
+            return attention(queries, keys, values, scale, mask)
+        return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+    routed._jumpahead = True  # type: ignore[attr-defined]
+    module.scaled_dot_product_attention = routed
+    return True

@@ -1,0 +1,106 @@
+"""engine/attention.py: the CPU attention (numpy softmax) against MLX's own kernel.
+
+Oracle: `mx.fast.scaled_dot_product_attention` on the same inputs, for every mask kind
+our caches and mlx-lm hand it; and the default model's logits through our cache
+(numpy softmax in every layer) against mlx-lm's own forward with its own cache. The
+two exps differ in the last bits (numpy's is the more accurate), so outputs agree to
+float32 rounding, not bitwise; decoding oracles allow such near-ties (tests/oracle.py).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from jumpahead.engine import attention as att
+
+
+def _inputs(B: int, Hq: int, Hkv: int, L: int, S: int, seed: int = 0):
+    mx.random.seed(seed)
+    q = mx.random.normal((B, Hq, L, 64))
+    k = mx.random.normal((B, Hkv, S, 64))
+    v = mx.random.normal((B, Hkv, S, 64))
+    return q, k, v
+
+
+def _row_mask(B: int, L: int, S: int) -> mx.array:
+    """Per-row ends, as RowKVCache's explicit plan builds it: [B, 1, L, S] bool."""
+    pos = mx.array([S - L - 3 * b for b in range(B)])[:, None] + mx.arange(L)[None, :]
+    return (mx.arange(S)[None, None, :] <= pos[:, :, None])[:, None]
+
+
+@pytest.mark.parametrize(
+    "B,Hq,Hkv,L,S,mask",
+    [
+        (1, 9, 3, 1, 700, None),  # decoding one row
+        (4, 9, 3, 9, 420, "rows"),  # a verifying round: per-row ends
+        (1, 9, 3, 64, 300, "causal"),  # a prefill chunk after cached tokens
+        (2, 9, 3, 5, 100, "additive"),
+        (2, 4, 4, 3, 50, "rows"),  # no grouped heads
+        (3, 8, 2, 1, 33, "rows"),  # four query heads per key head
+    ],
+)
+def test_numpy_softmax_attention_equals_mlx_kernel(monkeypatch, B, Hq, Hkv, L, S, mask):
+    monkeypatch.setattr(att, "NUMPY_MIN", 0)  # every case takes the numpy path
+    q, k, v = _inputs(B, Hq, Hkv, L, S)
+    if mask == "rows":
+        m = _row_mask(B, L, S)
+    elif mask == "additive":
+        m = mx.random.normal((B, 1, L, S))
+    else:
+        m = mask
+    got = att.attention(q, k, v, 0.125, m)
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=m)
+    assert got.shape == want.shape
+    assert mx.abs(got - want).max().item() < 2e-5
+
+
+def test_small_scores_keep_the_mlx_kernel(monkeypatch):
+    q, k, v = _inputs(1, 9, 3, 1, 40)
+    assert 9 * 40 < att.NUMPY_MIN
+    assert mx.array_equal(
+        att.attention(q, k, v, 0.125, None), mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125)
+    )
+
+
+def test_unknown_mask_string_is_refused(monkeypatch):
+    monkeypatch.setattr(att, "NUMPY_MIN", 0)
+    q, k, v = _inputs(1, 9, 3, 4, 64)
+    with pytest.raises(ValueError, match="unsupported attention mask"):
+        att.attention(q, k, v, 0.125, "sliding")
+
+
+def test_model_routes_only_our_cache_through_it(loaded_model, monkeypatch):
+    """After install, our RowKVCache layers use attention(); mlx-lm's own caches (its
+    generate, the tests' references) still get mlx-lm's function; and the logits of a
+    long prompt through our cache equal mlx-lm's own forward to float32 rounding."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from jumpahead.engine.model_runner import ModelRunner
+
+    model, _, _ = loaded_model
+    runner = ModelRunner(model)  # installs the routing
+    calls = []
+    real = att.attention
+
+    def counting(*a, **kw):
+        calls.append(a[0].shape)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(att, "attention", counting)
+    prompt = [(i * 7919) % 30000 + 100 for i in range(700)]
+
+    want = model(mx.array([prompt]), cache=make_prompt_cache(model))[0, -1]
+    mx.eval(want)
+    assert calls == [], "mlx-lm's own cache must not be routed"
+
+    cache = runner.new_cache()
+    cache.ends = [0]
+    runner.forward([prompt[:512]], cache, None)  # chunked as the scheduler prefills
+    cache.advance([512])
+    got = runner.forward([prompt[512:]], cache)[0, -1]
+    mx.eval(got)
+    assert len(calls) == 2 * runner.n_layers
+    assert all(s[1] * s[2] * s[2] >= att.NUMPY_MIN for s in calls)  # numpy path (S >= L)
+    assert mx.abs(got - want).max().item() < 1e-3  # logits are O(10)
+    assert mx.argmax(got).item() == mx.argmax(want).item()
