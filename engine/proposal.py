@@ -38,6 +38,7 @@ class Proposal:
     proposer: "Proposer | None" = field(default=None, repr=False, compare=False)
     cut: bool = False
     expected: float = 0.0  # set by the scheduler: expected accepted tokens (verified)
+    worth: float = 0.0  # set by the scheduler: seconds one accepted token saves
 
     @property
     def asserted(self) -> bool:

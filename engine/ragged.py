@@ -5,13 +5,14 @@ carry none. Padding every row to the widest one makes each padded position cost 
 a real token costs (on this CPU a batch of 4 is compute-bound: width 9 costs 2.8x
 width 1), so rows with nothing to propose would pay for their neighbours' proposals.
 Here the rows' real tokens are packed into one sequence [1, T] for everything that
-acts per token (embedding, norms, q/k/v/o projections, MLP, head). Keys and values
-are spread into the padded [B, W] layout for the cache write (padded slots repeat the
-row's last real token: their keys land past the row's end, where the row's own mask
-hides them until real tokens overwrite them). Attention runs in one call over the
-padded grid, or, where that spares many padded queries, per run of consecutive
-equal-width rows on slices of the cache (RaggedLayout.runs). With only a few padded
-slots the plain padded forward is cheaper still (MIN_PADS; ModelRunner.forward_ragged).
+acts per token (embedding, norms, q/k/v/o projections, RoPE, MLP, head), and keys
+and values go straight from the packed sequence into each row's cache slots by one
+scatter per layer. Only the queries are spread into a padded [B, W] grid, for
+attention (padded slots repeat the row's last real query; their outputs are
+dropped). Attention runs in one call over the grid, or, where that spares many
+padded queries, per run of consecutive equal-width rows on slices of the cache
+(RaggedLayout.runs). With only a few padded slots the plain padded forward is
+cheaper still (MIN_PADS; ModelRunner.forward_ragged).
 
 mlx-lm's decoder layers cannot be called this way (their attention reshapes its input
 to [B, L, ...] before projecting), so this re-states the standard pre-norm block
@@ -100,7 +101,11 @@ class RaggedLayout:
         self.runs: list[QueryRun] | None = runs if len(runs) > 1 and pads * SLOT_PER_CALL >= len(runs) - 1 else None
 
     def plan(self, plan: ForwardPlan) -> None:
-        """Slice the forward's offsets and mask for each run."""
+        """Give the forward's plan each packed token's row and position (the cache
+        writes only real tokens) and slice its offsets and mask for each run."""
+        plan.token_rows = [b for b, n in enumerate(self.widths) for _ in range(n)]
+        plan.token_pos = [plan.starts[b] + i for b, n in enumerate(self.widths) for i in range(n)]
+        self.positions = mx.array(plan.token_pos, dtype=mx.int32)  # RoPE offset of each packed token
         for r in self.runs or ():
             r.offset = plan.offset[r.start : r.stop]
             r.mask = plan.mask[r.start : r.stop, :, : r.width, :]
@@ -113,14 +118,17 @@ def _grid(x: mx.array, spread: mx.array, rows: int, heads: int) -> mx.array:
 
 def _attention(attn: nn.Module, x: mx.array, layout: RaggedLayout, cache) -> mx.array:
     n_heads, n_kv = attn.n_heads, attn.n_kv_heads
-    k = _grid(attn.k_proj(x)[0], layout.spread, layout.B, n_kv)
-    v = _grid(attn.v_proj(x)[0], layout.spread, layout.B, n_kv)
+    T = layout.T
+    # Keys and values stay packed: each token is its own length-1 sequence for RoPE
+    # (offset = its position) and lands in the cache by one scatter (no padded grid).
+    k = attn.k_proj(x)[0].reshape(T, n_kv, 1, -1)
+    v = attn.v_proj(x)[0].reshape(T, n_kv, -1)
     q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
     if k_norm is not None:  # qwen3 normalizes each head (over its last axis) before RoPE
         k = k_norm(k)
+    k = attn.rope(k, offset=layout.positions)
+    keys, values = cache.update_tokens(k.reshape(T, n_kv, -1), v)
     plan = cache.plan
-    k = attn.rope(k, offset=plan.offset)
-    keys, values = cache.update_and_fetch(k, v)
     q_packed = attn.q_proj(x)[0]  # [T, heads*D]
     if layout.runs is None:
         q = _grid(q_packed, layout.spread, layout.B, n_heads)
@@ -146,7 +154,8 @@ def _attention(attn: nn.Module, x: mx.array, layout: RaggedLayout, cache) -> mx.
 
 def ragged_hidden(model: nn.Module, rows: list[list[int]], cache: RowKVCache) -> tuple[mx.array, RaggedLayout]:
     """Final hidden states [T, D] of every real token of `rows`, written at each row's
-    cache end (the caller advances the ends by what it keeps)."""
+    cache end (the caller advances the ends by what it keeps; nothing is written past
+    a row's real tokens)."""
     layout = RaggedLayout([len(r) for r in rows])
     layout.plan(cache.begin(layout.W, explicit=True))
     ids = mx.array([t for r in rows for t in r], dtype=mx.int32)[None]

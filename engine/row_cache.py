@@ -13,7 +13,7 @@ The layer objects implement the interface mlx-lm's attention layers call
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 
@@ -31,6 +31,22 @@ class ForwardPlan:
     uniform: bool  # all starts equal: a single slice write serves every row
     span: int  # S: columns the queries can see (max(starts) + width)
     index: mx.array | None  # [B,1,W,1] write positions when not uniform
+    # A packed (ragged) forward writes only its real tokens: token t belongs to row
+    # token_rows[t] at position token_pos[t] (engine/ragged.py); set by its layout.
+    token_rows: list[int] | None = None
+    token_pos: list[int] | None = None
+    _flat: dict[tuple[int, int], mx.array] = field(default_factory=dict)
+
+    def flat_index(self, heads: int, capacity: int) -> mx.array:
+        """[T*heads] indices of the packed tokens' slots in a [B*heads*capacity, D]
+        view of a layer's buffer (shared by every layer of the forward)."""
+        key = (heads, capacity)
+        if key not in self._flat:
+            self._flat[key] = mx.array(
+                [(b * heads + h) * capacity + p for b, p in zip(self.token_rows, self.token_pos) for h in range(heads)],
+                dtype=mx.int32,
+            )
+        return self._flat[key]
 
 
 def plan_forward(starts: list[int], width: int, explicit: bool = False) -> ForwardPlan:
@@ -88,6 +104,24 @@ class LayerCache:
             self.values = mx.put_along_axis(
                 self.values, mx.broadcast_to(idx, values.shape), values, axis=2
             )
+        return self.keys[..., : plan.span, :], self.values[..., : plan.span, :]
+
+    def update_tokens(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Write packed tokens' keys/values [T, H, D] at their rows' positions (the
+        plan's token_rows/token_pos) with one scatter each, no padded grid; return
+        the keys/values the forward's queries see, as update_and_fetch does."""
+        plan = self.plan
+        T, H, D = keys.shape
+        B, Dv = len(plan.starts), values.shape[-1]
+        self._reserve(B, H, D, plan.span, keys.dtype, Dv, values.dtype)
+        cap = self.capacity
+        idx = plan.flat_index(H, cap)
+        flat = self.keys.reshape(B * H * cap, D)
+        flat[idx] = keys.reshape(T * H, D)
+        self.keys = flat.reshape(B, H, cap, D)
+        flat = self.values.reshape(B * H * cap, Dv)
+        flat[idx] = values.reshape(T * H, Dv)
+        self.values = flat.reshape(B, H, cap, Dv)
         return self.keys[..., : plan.span, :], self.values[..., : plan.span, :]
 
     @property

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("jumpahead.engine")
 
+OBJECTIVES = ("latency", "throughput")
+
 
 @dataclass
 class SchedulerConfig:
@@ -42,6 +44,16 @@ class SchedulerConfig:
     # the compute threads, and unpipelined rounds measured 2% faster at B=1 and 10% at
     # B=4 (BENCHMARKS.md).
     pipeline_greedy: bool | None = None
+    # What an accepted verified token is worth (engine/width_policy.py). "latency":
+    # a round sooner for its row, so every row's proposals are sized for that row's
+    # speed. "throughput": the same while requests wait for a slot or for the row the
+    # batch waits on last; otherwise finishing sooner only makes the remaining rounds
+    # one row smaller, which on a compute-bound CPU rarely pays for verifying.
+    objective: str = "latency"
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
 
 
 class Scheduler:
@@ -184,13 +196,15 @@ class Scheduler:
                     if prop.kind in VERIFIED_KINDS and self.config.cost_aware:
                         # Checked strict tokens are exempt: the grammar allows only them.
                         acc = self._acceptance(row, prop)
-                        worth = self.width_policy.cap(acc.rate, keep, max(1, len(self.running)))
-                        self._count_capped(row, keep - worth)
-                        if worth == 0:
+                        worth = self._worth(row)
+                        carried = self.width_policy.cap(acc.rate, keep, max(1, len(self.running)), worth)
+                        self._count_capped(row, keep - carried)
+                        if carried == 0:
                             acc.forget()
                             continue
-                        keep = worth
+                        keep = carried
                         prop.expected = expected_accepted(acc.rate, keep)
+                        prop.worth = worth
                     # An asserted run cut here continues next round: the row must not
                     # sample between its slices (Proposal.cut; see _choose).
                     prop.cut = prop.asserted and len(prop.tokens) > keep
@@ -208,14 +222,29 @@ class Scheduler:
         verified = [i for i, p in enumerate(props) if p is not None and p.kind in VERIFIED_KINDS]
         if not verified or any(p is not None and p.kind not in VERIFIED_KINDS for p in props):
             return
-        expected = sum(props[i].expected for i in verified)
+        gain = sum(props[i].expected * props[i].worth for i in verified)
         tokens = sum(len(props[i].tokens) for i in verified)
-        if self.width_policy.round_pays(expected, tokens, len(rows)):
+        if self.width_policy.round_pays(gain, tokens):
             return
         for i in verified:
             self._count_capped(rows[i], len(props[i].tokens))
             self._acceptance(rows[i], props[i]).forget()
             props[i] = None
+
+    def _worth(self, row: Row) -> float:
+        """Seconds one accepted token of `row` saves, by the objective."""
+        policy = self.width_policy
+        batch = max(1, len(self.running))
+        slot_wanted = bool(self.waiting) and len(self.running) >= self.config.max_batch
+        if self.config.objective == "latency" or slot_wanted or batch == 1 or row not in self.running:
+            return policy.share(batch)
+        fixed, per_token, _ = policy.costs()
+        left = row.max_tokens - len(row.output)
+        if all(left > r.max_tokens - len(r.output) for r in self.running if r is not row):
+            return fixed + per_token * batch  # the batch may wait on this row last: a whole round
+        # The remaining rounds are one row smaller. (Rows tied for last gain nothing
+        # from one of them finishing sooner: the batch still waits on the others.)
+        return per_token
 
     def _count_capped(self, row: Row, n: int) -> None:
         """Telemetry: `n` proposed tokens not carried (not worth their cost)."""

@@ -9,6 +9,13 @@ that positions 1..i are all accepted, `rate ** i`, at least pays for it: one mor
 token per second spent must beat the batch's plain rate B / (fixed + per_token * B),
 i.e. rate ** i >= rho * B / (1 + rho * B) with rho = per_token / fixed.
 
+What an accepted token is worth depends on what the time it saves buys (the
+scheduler's objective, SchedulerConfig.objective): with requests waiting, or for a
+row's own latency, a round sooner is a row's share of a round (`share`); in a batch
+with nothing waiting, a row that finishes sooner only makes the remaining rounds one
+row smaller (`per_token`), unless it is the row the batch waits for last, whose
+token saves a whole round.
+
 rho is fitted online from the rounds the scheduler times (least squares of round
 time on round tokens, exponentially weighted); until the rounds vary enough to fit,
 `default_rho` applies. Each row keeps a per-proposer acceptance rate (Beta-smoothed,
@@ -140,26 +147,35 @@ class WidthPolicy:
         fixed, c, _ = self.costs()
         return min(1.0, max(0.001, c / fixed))
 
-    def threshold(self, batch: int) -> float:
-        """Least chance of acceptance that pays for one more proposal token."""
-        r = self.rho * batch
-        return r / (1 + r)
+    def share(self, batch: int) -> float:
+        """Seconds a row's accepted token is worth when it ends the row a round sooner
+        and that round's share goes to other work (a waiting request, the row's user):
+        one row's share of a plain round."""
+        fixed, c, _ = self.costs()
+        return (fixed + c * batch) / batch
 
-    def cap(self, rate: float, proposed: int, batch: int) -> int:
+    def threshold(self, batch: int, value: float | None = None) -> float:
+        """Least chance of acceptance that pays for one more proposal token worth
+        `value` seconds if accepted (default: a row's share of a plain round)."""
+        _, c, _ = self.costs()
+        v = self.share(batch) if value is None else value
+        return min(1.0, c / v) if v > 0 else 1.0
+
+    def cap(self, rate: float, proposed: int, batch: int, value: float | None = None) -> int:
         """Most of `proposed` tokens worth carrying at this acceptance rate."""
-        theta = self.threshold(batch)
+        theta = self.threshold(batch, value)
         if rate >= 1.0 or theta <= 0.0:
             return proposed
-        if rate <= 0.0 or rate < theta:
+        if rate <= 0.0 or rate < theta or theta >= 1.0:
             return 0
         return min(proposed, int(math.log(theta) / math.log(rate)))
 
-    def round_pays(self, expected: float, tokens: int, batch: int) -> bool:
-        """Whether a round's verified proposals (`tokens` in all, `expected` accepted)
-        pay for the surcharge of leaving width 1 plus their tokens: each accepted token
-        is worth a row's share of a plain round."""
-        fixed, c, surcharge = self.costs()
-        return expected * (fixed + c * batch) / batch >= surcharge + c * tokens
+    def round_pays(self, gain: float, tokens: int) -> bool:
+        """Whether a round's verified proposals (`tokens` in all, saving `gain`
+        seconds: each one's expected accepted tokens times their worth) pay for the
+        surcharge of leaving width 1 plus their tokens."""
+        _, c, surcharge = self.costs()
+        return gain >= surcharge + c * tokens
 
     def as_dict(self) -> dict:
         fixed, c, surcharge = self.costs()

@@ -36,6 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cost-aware", action="store_true",
                         help="carry every verified proposal up to --max-proposal instead of sizing it by "
                              "the row's acceptance rate and the measured cost of a token")
+    parser.add_argument("--objective", choices=("latency", "throughput"), default="latency",
+                        help="what a verified proposal must pay for: 'latency' (default) sizes each row's "
+                             "proposals for that row's speed; 'throughput' lets a row verify in a shared "
+                             "batch only while requests wait for a slot or when the batch waits on it last")
     parser.add_argument("--no-prefix-cache", action="store_true",
                         help="do not reuse cached prompt prefixes across requests")
     parser.add_argument("--no-ssd-cache", action="store_true",
@@ -95,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         max_proposal=args.max_proposal,
         cost_aware=not args.no_cost_aware,
+        objective=args.objective,
         default_methods=methods,
         prefix_cache=not args.no_prefix_cache,
         prefix_cache_ssd=not args.no_ssd_cache,

@@ -224,6 +224,48 @@ def test_cost_aware_widths_keep_outputs(ctx):
     assert "per_token_ms" in eng.metrics()["width_policy"]
 
 
+def test_throughput_objective_verifies_only_where_the_batch_gains(ctx):
+    """Objective "throughput": a copy row that joins two longer-running plain rows
+    (nothing waiting for a slot) is not the row the batch waits on, so verifying its
+    copies would only cost the others; it carries none, yet outputs stay ordinary.
+    Under "latency" (the default) the same row verifies its copies."""
+    eng = ctx["engine"]
+    plain_n = 2 * N
+
+    def run(objective: str):
+        async def together():
+            plain = [_collect(eng, request(ctx, 2, None, GREEDY, max_tokens=plain_n), 0.0) for _ in range(2)]
+            copy = _collect(eng, request(ctx, 0, "echo", GREEDY), 0.5)  # joins the running plain rows
+            return await asyncio.gather(copy, *plain)
+
+        eng.scheduler.config.cost_aware = True
+        eng.scheduler.config.objective = objective
+        try:
+            return asyncio.run(together())
+        finally:
+            eng.scheduler.config.cost_aware = False
+            eng.scheduler.config.objective = "latency"
+
+    plain_want = tokens_of(eng.generate_sync(request(ctx, 2, None, GREEDY, max_tokens=plain_n)))
+    assert len(plain_want) == plain_n, "the plain rows must outlast the copy row for this test"
+    proposed = {}
+    for objective in ("latency", "throughput"):
+        copy, *plain = run(objective)
+        assert_equivalent(ctx, 0, "greedy", tokens_of(copy), ordinary(ctx, 0, "greedy"))
+        for chunks in plain:
+            assert_same_or_near_tie(ctx["model"], ctx["prompts"][2], tokens_of(chunks), plain_want)
+        proposed[objective] = check_fill(copy, "echo")["verified"]["proposed"]
+    assert proposed["latency"] > 0, proposed
+    assert proposed["throughput"] == 0, proposed
+
+
+def test_objective_is_validated():
+    from jumpahead.engine.scheduler import SchedulerConfig
+
+    with pytest.raises(ValueError, match="objective must be one of latency, throughput"):
+        SchedulerConfig(objective="fastest")
+
+
 def _echo_spans(chunks) -> list[tuple[int, int]]:
     """[a, b) output ranges of chunks that carry >= 4 echo tokens."""
     out, pos = [], 0

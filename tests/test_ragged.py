@@ -141,8 +141,15 @@ def test_width_policy_fits_cost_and_caps_by_acceptance():
     assert 0.8**k >= theta > 0.8 ** (k + 1)
     # a round pays for leaving width 1 only with enough expected tokens
     assert expected_accepted(1.0, 5) == 5 and expected_accepted(0.5, 2) == pytest.approx(0.75)
-    assert not policy.round_pays(0.4, 1, 4)  # one short copy: 8 ms of value, 25 ms of cost
-    assert policy.round_pays(4.0, 6, 4)
+    share = policy.share(4)
+    assert share == pytest.approx((fixed + 4 * per_token) / 4)
+    assert not policy.round_pays(0.4 * share, 1)  # one short copy: 8 ms of value, 25 ms of cost
+    assert policy.round_pays(4.0 * share, 6)
+    # a token worth only a row's cost of the remaining rounds (throughput objective,
+    # nothing waiting) is not worth verifying unless certain
+    assert policy.cap(0.95, 16, 4, value=per_token) == 0
+    assert policy.cap(1.0, 16, 4, value=per_token) == 16
+    assert policy.cap(0.8, 16, 4, value=fixed + 4 * per_token) > policy.cap(0.8, 16, 4)
 
 
 def test_acceptance_follows_the_row_and_recovers():
