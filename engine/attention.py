@@ -77,7 +77,7 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: Any = N
         scores = s5.reshape(B, Hkv, rep * L, S)
     scores = scores.astype(mx.float32)
     mx.eval(scores)
-    probs = mx.array(_softmax_rows(np.array(scores, copy=False)))
+    probs = mx.array(_softmax_rows(np.asarray(scores)))  # a view of the evaluated buffer
     out = probs.astype(v.dtype) @ v  # [B, Hkv, rep*L, Dv]
     return out.reshape(B, Hq, L, v.shape[-1])
 
