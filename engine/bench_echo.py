@@ -25,7 +25,7 @@ the CPU clock is less disturbed by other processes).
    the ragged forward when one of the 4 rows carries the proposal; and a proposer
    that never proposes (the general round's cost over plain decoding).
 
-`python -m jumpahead.engine.bench_echo [--tokens N] [--repeats R] [--out F]`.
+`python -m jumpahead.engine.bench_echo [--tokens N] [--repeats R] [--only mixed] [--out F]`.
 """
 
 from __future__ import annotations
@@ -223,7 +223,9 @@ def _summary(a: list[dict[str, float]], b: list[dict[str, float]], key: str, cpu
     return out
 
 
-def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3) -> dict[str, Any]:
+def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3, only: str | None = None) -> dict[str, Any]:
+    """All arms, or only the mixed batch of 4 (`only="mixed"`: its ratio moves a few
+    percent from run to run, so it gets its own longer run)."""
     # no SSD tier: its writes would add noise, and the RAM tier gives all arms the same state
     engine = Engine.load(model_name, EngineConfig(prefix_cache_ssd=False), progress=lambda s: None)
     tok = engine.tokenizer
@@ -239,7 +241,7 @@ def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3) -> di
     methods = {"base": [], "echo": ["echo"], "noop": ["noop"]}
     for r in range(repeats):
         order = ("base", "echo", "noop") if r % 2 == 0 else ("noop", "echo", "base")
-        for group, prompts in (("copy", copy_prompts), ("plain", plain_prompts)):
+        for group, prompts in (("copy", copy_prompts), ("plain", plain_prompts)) if only is None else ():
             for p in prompts:
                 got = {}
                 for arm in order:
@@ -271,6 +273,8 @@ def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3) -> di
             if r == 0 and arm == "echo":
                 telemetry += [{"group": "mixed", **x["fill"]} for x in res["rows"]]
         identical["mixed"].append(got["base"] == got["echo"] == got["echo_uncapped"] == got["echo_throughput"])
+        if only is not None:
+            continue
         queue = [copy_prompts[(i // 2) % 2] if i % 2 == 0 else plain_prompts[(i // 2) % 2] for i in range(QUEUE)]
         cap, engine.scheduler.config.max_batch = engine.scheduler.config.max_batch, 4
         got = {}
@@ -281,8 +285,25 @@ def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3) -> di
         engine.scheduler.config.max_batch = cap
         identical["queue"].append(got["base"] == got["echo"])
 
-    widths = width_costs(engine)
+    widths = width_costs(engine) if only is None else {}
     engine.close()
+    mixed_batch = {
+        "echo_vs_ordinary": _summary(arms["mixed_echo"], arms["mixed_base"], "agg_tps"),
+        "target": "ratio >= 1.0",
+        # proposals carried whole (up to max_proposal), not sized by the width policy
+        "echo_uncapped_vs_ordinary": _summary(arms["mixed_echo_uncapped"], arms["mixed_base"], "agg_tps"),
+        # objective "throughput": rows verify only where the batch gains (engine/scheduler.py)
+        "echo_throughput_objective_vs_ordinary": _summary(arms["mixed_echo_throughput"], arms["mixed_base"], "agg_tps"),
+        "per_pair_ratios_wall": {
+            arm: [round(a["agg_tps"] / b["agg_tps"], 3) for a, b in zip(arms[f"mixed_{arm}"], arms["mixed_base"])]
+            for arm in ("echo", "echo_uncapped", "echo_throughput")
+        },
+        "width_policy": engine.scheduler.width_policy.as_dict(),
+        "identical_outputs": all(identical["mixed"]),
+    }
+    if only is not None:
+        return {"bench": "echo", "model": engine.info.name, "tokens_per_row": tokens, "repeats": repeats,
+                "mixed_batch_4": mixed_batch}
     return {
         "bench": "echo",
         "model": engine.info.name,
@@ -302,16 +323,7 @@ def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3) -> di
             # a proposer that never proposes: what leaving the pipelined greedy path costs
             "never_proposing_vs_ordinary": _summary(arms["plain_noop"], arms["plain_base"], "tps"),
         },
-        "mixed_batch_4": {
-            "echo_vs_ordinary": _summary(arms["mixed_echo"], arms["mixed_base"], "agg_tps"),
-            "target": "ratio >= 1.0",
-            # proposals carried whole (up to max_proposal), not sized by the width policy
-            "echo_uncapped_vs_ordinary": _summary(arms["mixed_echo_uncapped"], arms["mixed_base"], "agg_tps"),
-            # objective "throughput": rows verify only where the batch gains (engine/scheduler.py)
-            "echo_throughput_objective_vs_ordinary": _summary(arms["mixed_echo_throughput"], arms["mixed_base"], "agg_tps"),
-            "width_policy": engine.scheduler.width_policy.as_dict(),
-            "identical_outputs": all(identical["mixed"]),
-        },
+        "mixed_batch_4": mixed_batch,
         f"queue_of_{QUEUE}_through_4_slots": {
             # whole run, submit to last token (ends with the last rows draining alone)
             "echo_vs_ordinary": _summary(arms["queue_echo"], arms["queue_base"], "agg_tps"),
@@ -332,9 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None)
     p.add_argument("--tokens", type=int, default=96)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--only", choices=("mixed",), default=None, help="run only the mixed batch of 4 arms")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
-    text = json.dumps(run(a.model, a.tokens, a.repeats), indent=2)
+    text = json.dumps(run(a.model, a.tokens, a.repeats, a.only), indent=2)
     print(text)
     if a.out:
         with open(a.out, "w") as f:
