@@ -175,8 +175,10 @@ class Scheduler:
             self._account(row)
         row.prefill_cache = None
 
-    def _propose(self, row: Row) -> Proposal | None:
-        """Ask the row's proposers in order; the first non-empty proposal wins."""
+    def _propose(self, row: Row, asserted_only: bool = False) -> Proposal | None:
+        """Ask the row's proposers in order; the first non-empty proposal wins.
+        `asserted_only`: a verified winner is not used (nothing is sized, counted or
+        fed back for it)."""
         if not row.proposers:
             return None
         limit = max(self.config.max_proposal, self.config.max_asserted)
@@ -188,6 +190,8 @@ class Scheduler:
             for proposer in row.proposers:
                 prop = proposer.propose(view, budget)
                 if prop is not None and prop.tokens:
+                    if asserted_only and not prop.asserted:
+                        break
                     if not prop.asserted and not self.runner.trimmable:
                         row.stats.declined[proposer.name] = "model cache cannot be rolled back (recurrent layers)"
                         continue
@@ -473,8 +477,8 @@ class Scheduler:
         call) takes that token instead of sampling; verified proposals start next round.
         """
         if row.proposers:
-            prop = self._propose(row)
-            if prop is not None and prop.asserted and prop.tokens:
+            prop = self._propose(row, asserted_only=True)
+            if prop is not None and prop.tokens:
                 tok = prop.tokens[0]
                 row.sampler.observe(tok)
                 if row.constraint is not None:

@@ -56,10 +56,14 @@ def runner(loaded_model):
     ],
 )
 def test_ragged_equals_padded(runner, widths):
+    _check_ragged_equals_padded(runner, widths, vocab=30000)
+
+
+def _check_ragged_equals_padded(runner, widths: list[int], vocab: int) -> None:
     # every case must really take the ragged path (below MIN_PADS both arms are padded)
     assert len(widths) * max(widths) - sum(widths) >= ragged.MIN_PADS
-    prompts = _prompts([60 + 7 * b for b in range(len(widths))])
-    rows = [[(b * 31 + i * 17) % 20000 + 50 for i in range(w)] for b, w in enumerate(widths)]
+    prompts = [[t % vocab for t in p] for p in _prompts([60 + 7 * b for b in range(len(widths))])]
+    rows = [[(b * 31 + i * 17) % (min(vocab, 20000) - 5) + 5 for i in range(w)] for b, w in enumerate(widths)]
     counts = [w if b % 2 == 0 else 1 for b, w in enumerate(widths)]  # all positions or the last
     caches, outs = [], []
     for use_ragged in (True, False):
@@ -81,6 +85,35 @@ def test_ragged_equals_padded(runner, widths):
     assert float(mx.abs(a - b).max()) < TOL
     assert float(mx.abs(na - nb).max()) < TOL
     assert caches[0].ends == caches[1].ends
+
+
+TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
+            rms_norm_eps=1e-5, vocab_size=256, num_key_value_heads=2)
+
+
+def _tiny(model_type: str):
+    """A randomly initialized small model of an mlx-lm class the ragged path re-states
+    (qwen3: per-head q/k norms; qwen2: q/k/v biases; mistral: llama's block)."""
+    import importlib
+
+    # mlx-lm serves mistral checkpoints with its llama class (MODEL_REMAPPING)
+    module = importlib.import_module(f"mlx_lm.models.{'llama' if model_type == 'mistral' else model_type}")
+    extra = {"head_dim": 16, "max_position_embeddings": 4096, "tie_word_embeddings": True,
+             "rope_theta": 10000.0} if model_type == "qwen3" else {}
+    mx.random.seed(7)
+    model = module.Model(module.ModelArgs(model_type=model_type, **TINY, **extra))
+    mx.eval(model.parameters())
+    return model
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen2", "mistral"])
+@pytest.mark.parametrize("widths", [[9, 1, 9, 1], [17, 1, 1, 1], [1, 5, 1, 1, 3, 1]])
+def test_ragged_equals_padded_on_other_model_classes(model_type, widths):
+    from jumpahead.engine.model_runner import ModelRunner
+
+    runner = ModelRunner(_tiny(model_type))
+    assert runner.ragged, f"{model_type} must take the ragged path"
+    _check_ragged_equals_padded(runner, widths, vocab=TINY["vocab_size"])
 
 
 @pytest.mark.parametrize("use_ragged", [True, False])
