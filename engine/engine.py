@@ -33,7 +33,7 @@ class EngineConfig:
     max_proposal: int = 16
     max_asserted: int = 64
     cost_aware: bool = True  # size verified proposals by expected gain (engine/width_policy.py)
-    objective: str = "latency"  # what an accepted token is worth: "latency" | "throughput" (SchedulerConfig)
+    objective: str = "throughput"  # what an accepted token is worth: "throughput" | "latency" (SchedulerConfig)
     pipeline_greedy: bool | None = None  # None: on a GPU only (SchedulerConfig)
     default_methods: tuple[str, ...] = ()
     # Prefix cache (engine/prefix_cache.py, engine/ssd_cache.py): reuse the KV of the

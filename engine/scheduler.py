@@ -44,12 +44,15 @@ class SchedulerConfig:
     # the compute threads, and unpipelined rounds measured 2% faster at B=1 and 10% at
     # B=4 (BENCHMARKS.md).
     pipeline_greedy: bool | None = None
-    # What an accepted verified token is worth (engine/width_policy.py). "latency":
-    # a round sooner for its row, so every row's proposals are sized for that row's
-    # speed. "throughput": the same while requests wait for a slot or for the row the
-    # batch waits on last; otherwise finishing sooner only makes the remaining rounds
-    # one row smaller, which on a compute-bound CPU rarely pays for verifying.
-    objective: str = "latency"
+    # What an accepted verified token is worth (engine/width_policy.py).
+    # "throughput" (default): a round sooner for its row while requests wait for a
+    # slot (the slot goes to them), and a whole round for the row the batch waits on
+    # last; otherwise finishing sooner only makes the remaining rounds one row
+    # smaller, which on a compute-bound CPU never pays for verifying, so rows with
+    # nothing to propose do not pay for their neighbours' proposals.
+    # "latency": always a round sooner for its row, so every row's proposals are
+    # sized for that row's own speed (its neighbours pay a few percent).
+    objective: str = "throughput"
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -239,7 +242,7 @@ class Scheduler:
         """Seconds one accepted token of `row` saves, by the objective."""
         policy = self.width_policy
         batch = max(1, len(self.running))
-        slot_wanted = bool(self.waiting) and len(self.running) >= self.config.max_batch
+        slot_wanted = len(self.waiting) > self.config.max_batch - len(self.running)
         if self.config.objective == "latency" or slot_wanted or batch == 1 or row not in self.running:
             return policy.share(batch)
         fixed, per_token, _ = policy.costs()

@@ -36,10 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cost-aware", action="store_true",
                         help="carry every verified proposal up to --max-proposal instead of sizing it by "
                              "the row's acceptance rate and the measured cost of a token")
-    parser.add_argument("--objective", choices=("latency", "throughput"), default="latency",
-                        help="what a verified proposal must pay for: 'latency' (default) sizes each row's "
-                             "proposals for that row's speed; 'throughput' lets a row verify in a shared "
-                             "batch only while requests wait for a slot or when the batch waits on it last")
+    parser.add_argument("--objective", choices=("throughput", "latency"), default="throughput",
+                        help="what a verified proposal must pay for: 'throughput' (default) lets a row "
+                             "verify in a shared batch only while requests wait for a slot or when the "
+                             "batch waits on it last; 'latency' sizes each row's proposals for that row's "
+                             "own speed, at a few percent of its neighbours'")
     parser.add_argument("--no-prefix-cache", action="store_true",
                         help="do not reuse cached prompt prefixes across requests")
     parser.add_argument("--no-ssd-cache", action="store_true",

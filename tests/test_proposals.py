@@ -228,7 +228,7 @@ def test_throughput_objective_verifies_only_where_the_batch_gains(ctx):
     """Objective "throughput": a copy row that joins two longer-running plain rows
     (nothing waiting for a slot) is not the row the batch waits on, so verifying its
     copies would only cost the others; it carries none, yet outputs stay ordinary.
-    Under "latency" (the default) the same row verifies its copies."""
+    Under "latency" the same row verifies its copies."""
     eng = ctx["engine"]
     plain_n = 2 * N
 
@@ -238,13 +238,15 @@ def test_throughput_objective_verifies_only_where_the_batch_gains(ctx):
             copy = _collect(eng, request(ctx, 0, "echo", GREEDY), 0.5)  # joins the running plain rows
             return await asyncio.gather(copy, *plain)
 
-        eng.scheduler.config.cost_aware = True
-        eng.scheduler.config.objective = objective
+        config = eng.scheduler.config
+        before = config.objective
+        config.cost_aware = True
+        config.objective = objective
         try:
             return asyncio.run(together())
         finally:
-            eng.scheduler.config.cost_aware = False
-            eng.scheduler.config.objective = "latency"
+            config.cost_aware = False
+            config.objective = before
 
     plain_want = tokens_of(eng.generate_sync(request(ctx, 2, None, GREEDY, max_tokens=plain_n)))
     assert len(plain_want) == plain_n, "the plain rows must outlast the copy row for this test"
