@@ -13,8 +13,7 @@ grouped query heads folded into the rows of one matmul per key head, no repeated
 keys), evaluates them, takes the softmax in numpy, and multiplies by the values in
 MLX. Evaluating mid-forward synchronizes once per layer, which measured cheap here
 (the engine does not pipeline rounds on the CPU); tiny score tensors keep MLX's own
-kernel. On a GPU nothing here
-applies: its kernels are fused.
+kernel. On a GPU nothing here applies: its kernels are fused.
 
 `install(model)` points an mlx-lm model module's `scaled_dot_product_attention` at
 `attention` for calls that carry our RowKVCache layers; any other cache (mlx-lm's
