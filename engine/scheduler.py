@@ -189,8 +189,16 @@ class Scheduler:
         view = row.view()
         budget = min(limit, view.budget - 1)
         found = None
+        batch = max(1, len(self.running))
+        worth = self._worth(row) if self.config.cost_aware else 0.0
+        # When no verified token can pay here (the throughput objective, a row in a
+        # shared batch that the batch does not wait on), our verifying proposers are
+        # not asked at all: a draft model would spend forwards on a dropped proposal.
+        unpaid = self.config.cost_aware and not asserted_only and self.width_policy.threshold(batch, worth) >= 1.0
         if budget > 0:
             for proposer in row.proposers:
+                if unpaid and proposer.name in VERIFIED_KINDS:
+                    continue
                 prop = proposer.propose(view, budget)
                 if prop is not None and prop.tokens:
                     if asserted_only and not prop.asserted:
@@ -203,8 +211,7 @@ class Scheduler:
                     if prop.kind in VERIFIED_KINDS and self.config.cost_aware:
                         # Checked strict tokens are exempt: the grammar allows only them.
                         acc = self._acceptance(row, prop)
-                        worth = self._worth(row)
-                        carried = self.width_policy.cap(acc.rate, keep, max(1, len(self.running)), worth)
+                        carried = self.width_policy.cap(acc.rate, keep, batch, worth)
                         self._count_capped(row, keep - carried)
                         if carried == 0:
                             acc.forget()

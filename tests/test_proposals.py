@@ -256,7 +256,10 @@ def test_throughput_objective_verifies_only_where_the_batch_gains(ctx):
         assert_equivalent(ctx, 0, "greedy", tokens_of(copy), ordinary(ctx, 0, "greedy"))
         for chunks in plain:
             assert_same_or_near_tie(ctx["model"], ctx["prompts"][2], tokens_of(chunks), plain_want)
-        proposed[objective] = check_fill(copy, "echo")["verified"]["proposed"]
+        fill = check_fill(copy, "echo")
+        proposed[objective] = fill["verified"]["proposed"]
+        if objective == "throughput":  # echo was not even asked: nothing proposed, nothing capped
+            assert fill["verified"]["capped"] == 0, fill
     assert proposed["latency"] > 0, proposed
     assert proposed["throughput"] == 0, proposed
 
