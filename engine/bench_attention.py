@@ -109,7 +109,8 @@ def run(model_name: str | None, contexts: list[int], decode: int, repeats: int) 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-    import json
+
+    from .bench_output import emit
 
     p = argparse.ArgumentParser(prog="jumpahead bench attention", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None)
@@ -124,11 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--contexts must be comma-separated integers, got {a.contexts!r}")
     if not contexts or min(contexts) < 1:
         p.error("--contexts needs at least one positive length")
-    text = json.dumps(run(a.model, contexts, a.decode, a.repeats), indent=2)
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
+    emit(run(a.model, contexts, a.decode, a.repeats), a.out)
     return 0
 
 

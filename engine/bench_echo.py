@@ -340,7 +340,8 @@ def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3, only:
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-    import json
+
+    from .bench_output import emit
 
     p = argparse.ArgumentParser(prog="python -m jumpahead.engine.bench_echo", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None)
@@ -349,11 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", choices=("mixed",), default=None, help="run only the mixed batch of 4 arms")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
-    text = json.dumps(run(a.model, a.tokens, a.repeats, a.only), indent=2)
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
+    emit(run(a.model, a.tokens, a.repeats, a.only), a.out)
     return 0
 
 

@@ -93,7 +93,7 @@ class ModelRunner:
             picks += [start + len(r) - n + i for i in range(n)]
             packed += len(r)
         if ragged:
-            hidden, _ = ragged_hidden(self.model, rows, cache)
+            hidden = ragged_hidden(self.model, rows, cache)
             if not picks:
                 return None, offsets
             return self.head(mx.take(hidden, mx.array(picks, dtype=mx.int32), axis=0)), offsets

@@ -67,8 +67,7 @@ class QueryRun:
     start: int  # first row (rows start..stop-1 share one width)
     stop: int
     width: int
-    offset: mx.array | None = None  # RoPE offsets of the run's rows (set per forward)
-    mask: mx.array | str | None = None
+    mask: mx.array | str | None = None  # the run's rows of the forward's mask (set per forward)
 
 
 class RaggedLayout:
@@ -102,12 +101,11 @@ class RaggedLayout:
 
     def plan(self, plan: ForwardPlan) -> None:
         """Give the forward's plan each packed token's row and position (the cache
-        writes only real tokens) and slice its offsets and mask for each run."""
+        writes only real tokens) and slice its mask for each run."""
         plan.token_rows = [b for b, n in enumerate(self.widths) for _ in range(n)]
         plan.token_pos = [plan.starts[b] + i for b, n in enumerate(self.widths) for i in range(n)]
         self.positions = mx.array(plan.token_pos, dtype=mx.int32)  # RoPE offset of each packed token
         for r in self.runs or ():
-            r.offset = plan.offset[r.start : r.stop]
             r.mask = plan.mask[r.start : r.stop, :, : r.width, :]
 
 
@@ -119,40 +117,37 @@ def _grid(x: mx.array, spread: mx.array, rows: int, heads: int) -> mx.array:
 def _attention(attn: nn.Module, x: mx.array, layout: RaggedLayout, cache) -> mx.array:
     n_heads, n_kv = attn.n_heads, attn.n_kv_heads
     T = layout.T
-    # Keys and values stay packed: each token is its own length-1 sequence for RoPE
-    # (offset = its position) and lands in the cache by one scatter (no padded grid).
-    k = attn.k_proj(x)[0].reshape(T, n_kv, 1, -1)
-    v = attn.v_proj(x)[0].reshape(T, n_kv, -1)
-    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
-    if k_norm is not None:  # qwen3 normalizes each head (over its last axis) before RoPE
-        k = k_norm(k)
-    k = attn.rope(k, offset=layout.positions)
-    keys, values = cache.update_tokens(k.reshape(T, n_kv, -1), v)
-    plan = cache.plan
-    q_packed = attn.q_proj(x)[0]  # [T, heads*D]
+
+    def heads(proj: nn.Module, n: int, norm: nn.Module | None) -> mx.array:
+        """Project the packed tokens, each its own length-1 sequence [T, n, 1, D], so
+        that per-head norms (qwen3) and RoPE (offset = the token's position) apply
+        per token; -> [T, n, D]."""
+        y = proj(x)[0].reshape(T, n, 1, -1)
+        if norm is not None:
+            y = norm(y)
+        return attn.rope(y, offset=layout.positions).reshape(T, n, -1)
+
+    # Keys and values stay packed and land in the cache by one scatter (no padded grid).
+    k = heads(attn.k_proj, n_kv, getattr(attn, "k_norm", None))
+    keys, values = cache.update_tokens(k, attn.v_proj(x)[0].reshape(T, n_kv, -1))
+    q = heads(attn.q_proj, n_heads, getattr(attn, "q_norm", None)).reshape(T, -1)  # [T, heads*D]
     if layout.runs is None:
-        q = _grid(q_packed, layout.spread, layout.B, n_heads)
-        if q_norm is not None:
-            q = q_norm(q)
-        q = attn.rope(q, offset=plan.offset)
-        out = attention(q, keys, values, attn.scale, plan.mask)
+        q = _grid(q, layout.spread, layout.B, n_heads)
+        out = attention(q, keys, values, attn.scale, cache.plan.mask)
         out = out.transpose(0, 2, 1, 3).reshape(layout.B * layout.W, -1)
         return attn.o_proj(mx.take(out, layout.pack, axis=0)[None])
     outs = []
     for r in layout.runs:
         # a run's rows are contiguous in the packed order and in the batch: slices, no copies
         a, b = layout.offsets[r.start], layout.offsets[r.stop - 1] + r.width
-        q = q_packed[a:b].reshape(r.stop - r.start, r.width, n_heads, -1).transpose(0, 2, 1, 3)
-        if q_norm is not None:
-            q = q_norm(q)
-        q = attn.rope(q, offset=r.offset)
+        qr = q[a:b].reshape(r.stop - r.start, r.width, n_heads, -1).transpose(0, 2, 1, 3)
         kr, vr = keys[r.start : r.stop], values[r.start : r.stop]
-        out = attention(q, kr, vr, attn.scale, r.mask)
+        out = attention(qr, kr, vr, attn.scale, r.mask)
         outs.append(out.transpose(0, 2, 1, 3).reshape((r.stop - r.start) * r.width, -1))
     return attn.o_proj(mx.concatenate(outs, axis=0)[None])  # runs in order = packed order
 
 
-def ragged_hidden(model: nn.Module, rows: list[list[int]], cache: RowKVCache) -> tuple[mx.array, RaggedLayout]:
+def ragged_hidden(model: nn.Module, rows: list[list[int]], cache: RowKVCache) -> mx.array:
     """Final hidden states [T, D] of every real token of `rows`, written at each row's
     cache end (the caller advances the ends by what it keeps; nothing is written past
     a row's real tokens)."""
@@ -164,4 +159,4 @@ def ragged_hidden(model: nn.Module, rows: list[list[int]], cache: RowKVCache) ->
     for layer, lc in zip(trunk.layers, cache.layers):
         h = h + _attention(layer.self_attn, layer.input_layernorm(h), layout, lc)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return trunk.norm(h)[0], layout
+    return trunk.norm(h)[0]

@@ -1,13 +1,13 @@
 """How many verified proposal tokens a row may carry into a Round, by cost.
 
 A verifying forward costs about `fixed + per_token * T` for T real tokens in the
-round (the ragged forward computes no padding outside attention; engine/ragged.py).
-On this CPU the fixed part is streaming the weights (~55 ms for the default model)
-and a token costs ~4.5 ms, so at B=4 one more proposal token costs 6% of a round; on
-a GPU it is nearly free. A row's proposal token i is worth carrying when the chance
-that positions 1..i are all accepted, `rate ** i`, at least pays for it: one more
-token per second spent must beat the batch's plain rate B / (fixed + per_token * B),
-i.e. rate ** i >= rho * B / (1 + rho * B) with rho = per_token / fixed.
+round (the ragged forward computes no padding outside attention; engine/ragged.py),
+plus a `surcharge` once any row carries more than its pending token. On this CPU the
+fixed part is streaming the weights (~50 ms for the default model) and a token costs
+~3-4 ms; on a GPU a token is nearly free. A row's proposal token i is worth carrying
+when the chance that positions 1..i are all accepted, `rate ** i`, at least pays for
+its cost: rate ** i * worth >= per_token, where `worth` is the seconds one accepted
+token saves (`threshold`, `cap`).
 
 What an accepted token is worth depends on what the time it saves buys (the
 scheduler's objective, SchedulerConfig.objective): with requests waiting, or for a
@@ -16,12 +16,12 @@ with nothing waiting, a row that finishes sooner only makes the remaining rounds
 row smaller (`per_token`), unless it is the row the batch waits for last, whose
 token saves a whole round.
 
-rho is fitted online from the rounds the scheduler times (least squares of round
-time on round tokens, exponentially weighted); until the rounds vary enough to fit,
-`default_rho` applies. Each row keeps a per-proposer acceptance rate (Beta-smoothed,
-decaying; copies bucketed by how long their source matched): a row whose copies keep
-failing carries fewer tokens, and a capped-out row drifts back toward the prior so it
-gets to try again.
+The three costs are fitted online from the rounds the scheduler times (least squares
+of round time on round tokens, exponentially weighted); until the rounds vary enough
+to fit, the defaults apply. Each row keeps a per-proposer acceptance rate
+(Beta-smoothed, decaying; copies bucketed by how long their source matched): a row
+whose copies keep failing carries fewer tokens, and a capped-out row drifts back
+toward the prior so it gets to try again.
 """
 
 from __future__ import annotations
@@ -107,8 +107,8 @@ class _Fit:
 @dataclass
 class WidthPolicy:
     """Round cost = fixed + per_token * T, plus `surcharge` once any row carries more
-    than its pending token (MLX on CPU: attention leaves its one-query kernel, more
-    calls per layer; ~15 ms at B=4 here). Defaults are this CPU's; the three are
+    than its pending token (more attention calls and gathers per layer; 5-11 ms at
+    B=4 here). Defaults are this CPU's; the three are
     refitted from the rounds the scheduler times: plain rounds give the fixed part,
     rounds with proposals the per-token slope and their own intercept."""
 
