@@ -335,12 +335,12 @@ class Scheduler:
         picks = self._choose(rows, props, logits, where)
         counts = []
         done = []
-        for i, (row, prop, (tokens, kinds, consumed, accepted)) in enumerate(zip(rows, props, picks)):
+        for i, (row, prop, (tokens, kinds, consumed, accepted, sources)) in enumerate(zip(rows, props, picks)):
             row.timings.rounds += 1
             row.stats.rounds += 1
             row.stats.forwards += 1
             before = len(row.output)
-            row.commit(tokens, kinds, accepted)
+            row.commit(tokens, kinds, accepted, sources)
             taken = len(row.output) - before
             if taken < len(tokens):
                 # EOS or a stop string inside the span: the tokens after it never
@@ -367,9 +367,10 @@ class Scheduler:
         props: list[Proposal | None],
         logits: mx.array,
         where: list[tuple[int, int]],
-    ) -> list[tuple[list[int], list[str], int, int]]:
-        """Each row's emitted tokens, their kinds, how many inputs it consumed and how
-        many verified tokens it accepted.
+    ) -> list[tuple[list[int], list[str], int, int, list[int | None] | None]]:
+        """Each row's emitted tokens, their kinds, how many inputs it consumed, how
+        many verified tokens it accepted, and where proposal tokens were copied from
+        (absolute source positions per token; None where not a copy).
 
         logits: [N, V] or None (no row needs any); row b has where[b][1] positions from
         where[b][0]: one per input (position i predicts the token after the row's i-th
@@ -421,9 +422,10 @@ class Scheduler:
                 return tok
 
             if prop is None:
-                out.append(([pick(0)], ["sampled"], 1, 0))
+                out.append(([pick(0)], ["sampled"], 1, 0, None))
                 continue
             k = len(prop.tokens)
+            src = None if prop.source is None else [prop.source[0] + i for i in range(k)]
             if prop.asserted:
                 for t in prop.tokens:
                     sampler.observe(t)
@@ -432,11 +434,11 @@ class Scheduler:
                 if prop.cut:
                     # More asserted tokens follow: the last one becomes the pending
                     # input of the next round instead of a sampled token after it.
-                    out.append((list(prop.tokens), [prop.kind] * k, k, 0))
+                    out.append((list(prop.tokens), [prop.kind] * k, k, 0, src))
                 else:
                     tokens = prop.tokens + [pick(k)]
                     kinds = [prop.kind] * k + ["sampled"]
-                    out.append((tokens, kinds, 1 + k, 0))
+                    out.append((tokens, kinds, 1 + k, 0, None if src is None else [*src, None]))
                 feedback = k
             else:
                 accepted = 0
@@ -459,7 +461,8 @@ class Scheduler:
                 row.stats.rejected += k - accepted
                 self.counters["verified_proposed"] += k
                 self.counters["verified_accepted"] += accepted
-                out.append((tokens, kinds, 1 + accepted, accepted))
+                out.append((tokens, kinds, 1 + accepted, accepted,
+                            None if src is None else [*src[:accepted], None]))
                 feedback = accepted
             proposer = prop.proposer
             if proposer is not None:

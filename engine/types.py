@@ -90,6 +90,9 @@ class TokenChunk:
     # Prompt tokens served from the prefix cache (set on the first and the last chunk).
     cached_tokens: int = 0
     fill: dict | None = None  # usage.fill telemetry (last chunk): see ProposalStats
+    # Per token, the absolute position in the row's sequence it was copied from (echo,
+    # ngram, jump with a source); None for the whole chunk when nothing was copied.
+    sources: list[int | None] | None = None
 
 
 class EngineError(RuntimeError):

@@ -8,19 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jumpahead.engine.types import EngineError, GenerationRequest
 
 from .errors import invalid_request
+from .exchange import Exchange
 from .output_parser import OutputParser
 from .prompt import continues_final_message, prompt_opens_reasoning, render_prompt
 from .script import Script, ScriptedProposer, fit_prompt, render_turn, turn_tokens
 from .turn import OutputEvent, Turn, TurnEnd, TurnFinish, TurnOutput, Usage
 
+log = logging.getLogger(__name__)
 _TAIL = 32  # output tokens kept to tell which stop string ended a turn
 
 
@@ -33,6 +37,15 @@ class PreparedTurn:
     parser: OutputParser
     scripted: ScriptedProposer | None = None  # script mode: the turn's continuation
     script_turn: int | None = None  # script mode: which turn of the script (0-based)
+    exchange: Exchange | None = None  # the HTTP exchange (session, protocol, headers)
+    hooks: list[Any] = field(default_factory=list)  # app.state.hooks (proxy/exchange.py)
+    # What the row emitted, token by token: ids, provenance kinds, copy sources (filled
+    # by stream_turn; the recorder and replay read it).
+    output_tokens: list[int] = field(default_factory=list)
+    output_kinds: list[str] = field(default_factory=list)
+    output_sources: list[Any] = field(default_factory=list)
+    timings: Any = None  # the engine's Timings of the row (last chunk)
+    chunk_times: list[tuple[float, int]] = field(default_factory=list)  # (perf_counter, tokens) per chunk
 
 
 def _validate(engine: Any, request: GenerationRequest) -> None:
@@ -59,12 +72,32 @@ def request_methods(turn: Turn) -> list[str]:
     return list(methods)
 
 
-def prepare_turn(engine: Any, turn: Turn, script: Script | None = None) -> PreparedTurn:
+def prepare_turn(engine: Any, turn: Turn, script: Script | None = None, exchange: Exchange | None = None,
+                 hooks: list[Any] | None = None) -> PreparedTurn:
     """Render and validate. Raises APIError(400) for a Turn the model cannot run.
 
     With a `script`, the next scripted turn becomes the continuation (asserted tokens);
-    it is consumed only when the request is valid.
+    it is consumed only when the request is valid. `hooks` (proxy/exchange.py) may
+    rewrite the Turn before rendering and add proposers to the row.
     """
+    hooks = list(hooks or [])
+    if exchange is not None:
+        exchange.original_turn = turn
+    for hook in hooks:
+        turn = hook.before_render(exchange, turn)
+    if exchange is not None:
+        exchange.turn = turn
+    prepared = _prepare(engine, turn, script)
+    prepared.exchange = exchange
+    prepared.hooks = hooks
+    extra = [p for hook in hooks for p in hook.row_proposers(exchange, prepared)]
+    if extra:
+        prepared.request.proposers = [*extra, *prepared.request.proposers] if prepared.scripted is None \
+            else [*prepared.request.proposers, *extra]
+    return prepared
+
+
+def _prepare(engine: Any, turn: Turn, script: Script | None) -> PreparedTurn:
     tokenizer = engine.tokenizer
     prompt = render_prompt(tokenizer, turn)
     max_tokens = turn.max_tokens if turn.max_tokens is not None else engine.context_length
@@ -136,9 +169,10 @@ def strict_fill_fields(tokenizer: Any, turn: Turn, tools: list | None, in_reason
     return grammar, tool_dicts
 
 
-async def prepare_turn_async(engine: Any, turn: Turn, script: Script | None = None) -> PreparedTurn:
+async def prepare_turn_async(engine: Any, turn: Turn, script: Script | None = None, exchange: Exchange | None = None,
+                             hooks: list[Any] | None = None) -> PreparedTurn:
     """`prepare_turn` off the event loop (templates and tokenizing 100 KB take time)."""
-    return await asyncio.to_thread(prepare_turn, engine, turn, script)
+    return await asyncio.to_thread(prepare_turn, engine, turn, script, exchange, hooks)
 
 
 def _finish_reason(engine_reason: str | None, tool_calls: int) -> TurnFinish:
@@ -170,6 +204,7 @@ async def stream_turn(engine: Any, prepared: PreparedTurn, stats: Counter[str] |
     Closing this generator early (client gone) cancels the engine row.
     """
     parser = prepared.parser
+    collected = TurnOutput()  # what the hooks see at the end
     usage = Usage(prompt_tokens=len(prepared.request.prompt))
     reason: str | None = None
     error: str | None = None
@@ -179,8 +214,15 @@ async def stream_turn(engine: Any, prepared: PreparedTurn, stats: Counter[str] |
             async for chunk in chunks:
                 if chunk.tokens:
                     tail = (tail + list(chunk.tokens))[-_TAIL:]
+                    prepared.output_tokens.extend(chunk.tokens)
+                    prepared.output_kinds.extend(chunk.kinds)
+                    prepared.output_sources.extend(getattr(chunk, "sources", None) or [None] * len(chunk.tokens))
+                    prepared.chunk_times.append((time.perf_counter(), len(chunk.tokens)))
+                if chunk.timings is not None:
+                    prepared.timings = chunk.timings
                 if chunk.text:
                     for event in parser.feed(chunk.text):
+                        collected.add(event)
                         yield event
                 if chunk.finish_reason is not None:
                     reason, error = chunk.finish_reason, chunk.error
@@ -189,6 +231,7 @@ async def stream_turn(engine: Any, prepared: PreparedTurn, stats: Counter[str] |
     except EngineError as exc:
         reason, error = "error", str(exc)
     for event in parser.finish():
+        collected.add(event)
         yield event
     finish = _finish_reason(reason, len(parser.tool_calls))
     if finish == "error" and error is None:
@@ -204,7 +247,20 @@ async def stream_turn(engine: Any, prepared: PreparedTurn, stats: Counter[str] |
         if prepared.scripted is not None:
             stats["script_turns"] += 1
             stats["script_stray_tokens"] += prepared.scripted.strays
-    yield TurnEnd(finish, usage, error, stop_sequence)
+    end = TurnEnd(finish, usage, error, stop_sequence)
+    if prepared.hooks:
+        collected.add(end)
+        _after_turn(prepared, collected)
+    yield end
+
+
+def _after_turn(prepared: PreparedTurn, out: TurnOutput) -> None:
+    """Tell the hooks (policies, recorder) how the turn ended; never fails the turn."""
+    for hook in prepared.hooks:
+        try:
+            hook.after_turn(prepared.exchange, prepared, out)
+        except Exception:
+            log.exception("after_turn hook %s failed", type(hook).__name__)
 
 
 async def complete_turn(engine: Any, prepared: PreparedTurn, stats: Counter[str] | None = None) -> TurnOutput:

@@ -29,6 +29,7 @@ from starlette.routing import Route
 from . import sse
 from .anthropic_messages import MessagesStream, message_id, message_object, parse_messages_request
 from .errors import APIError, error_body, invalid_request, not_found, server_error
+from .exchange import Exchange
 from .openai_chat import ChatStream, chat_completion, completion_id, parse_chat_request
 from .openai_responses import (
     ResponsesContext,
@@ -75,6 +76,21 @@ def _stats(request: Request) -> Counter[str]:
 
 def _script(request: Request) -> Script | None:
     return request.app.state.script
+
+
+def _exchange(request: Request, protocol: str, body: Any, turn: Any) -> Exchange:
+    """The exchange record the hooks (policies, recorder) see; headers keep their case."""
+    from .session_identity import session_id
+
+    headers = dict(request.headers.items())
+    body = body if isinstance(body, dict) else {}
+    return Exchange(protocol=protocol, headers=headers, body=body, session_id=session_id(headers, body, turn))
+
+
+async def _prepare(request: Request, protocol: str, body: Any, turn: Any) -> PreparedTurn:
+    hooks = request.app.state.hooks
+    exchange = _exchange(request, protocol, body, turn)
+    return await prepare_turn_async(_engine(request), turn, _script(request), exchange, hooks)
 
 
 def _model_name(engine: Any) -> str:
@@ -130,7 +146,7 @@ async def chat_completions(request: Request) -> Response:
     stats = _stats(request)
     body = await read_json(request)
     turn = parse_chat_request(body, getattr(getattr(engine, "info", None), "vocab_size", None))
-    prepared = await prepare_turn_async(engine, turn, _script(request))
+    prepared = await _prepare(request, "chat", body, turn)
     model = turn.model or _model_name(engine)
     cid = completion_id()
     if turn.stream:
@@ -208,7 +224,7 @@ async def messages(request: Request) -> Response:
     engine = _engine(request)
     body = await read_json(request)
     turn = parse_messages_request(body)
-    prepared = await prepare_turn_async(engine, turn, _script(request))
+    prepared = await _prepare(request, "messages", body, turn)
     model = turn.model or _model_name(engine)
     mid = message_id()
     if turn.stream:
@@ -238,7 +254,7 @@ async def responses(request: Request) -> Response:
     store: ResponseStore = request.app.state.responses
     body = await read_json(request)
     turn, ctx = parse_responses_request(body, store)
-    prepared = await prepare_turn_async(engine, turn, _script(request))
+    prepared = await _prepare(request, "responses", body, turn)
     model = turn.model or _model_name(engine)
     rid = f"resp_{uuid.uuid4().hex}"
     created = int(time.time())
@@ -360,10 +376,12 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return _error_response(server_error(f"internal error: {type(exc).__name__}: {exc}"), request)
 
 
-def create_app(engine: Any, script: Script | None = None, response_store: ResponseStore | None = None) -> Starlette:
+def create_app(engine: Any, script: Script | None = None, response_store: ResponseStore | None = None,
+               hooks: list[Any] | None = None) -> Starlette:
     """The app around a loaded engine (shared by all requests).
 
     `script`: forced-continuation replay; each generation request consumes its next turn.
+    `hooks`: watchers of every exchange (proxy/exchange.py): policies, the trace recorder.
     """
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -389,5 +407,6 @@ def create_app(engine: Any, script: Script | None = None, response_store: Respon
     app.state.engine = engine
     app.state.stats = Counter()
     app.state.script = script
+    app.state.hooks = list(hooks or [])
     app.state.responses = response_store if response_store is not None else ResponseStore()
     return app

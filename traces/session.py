@@ -1,0 +1,119 @@
+"""The one Session model every importer produces and every trace tool reads.
+
+A Session is an agent conversation in normalized form: messages in order (system,
+user, assistant with reasoning / visible text / tool calls, tool results), the tools
+offered where known, and the per-message model where the source says it. Importers
+(`traces/formats.py`) map each agent's own format onto it; analysis, replay and the
+policies' tests read only this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+@dataclass
+class SessionToolCall:
+    name: str
+    arguments: Any = field(default_factory=dict)  # a JSON value (normally an object), or raw text
+    id: str = ""
+
+    def arguments_text(self) -> str:
+        """The arguments as a JSON text (raw text kept as it is)."""
+        if isinstance(self.arguments, str):
+            return self.arguments
+        return orjson.dumps(self.arguments).decode()
+
+
+@dataclass
+class SessionMessage:
+    role: Role
+    content: str = ""  # visible text (user text, assistant text, tool result text)
+    reasoning: str = ""  # an assistant message's thinking / reasoning, where recorded
+    tool_calls: list[SessionToolCall] = field(default_factory=list)
+    tool_call_id: str | None = None  # role == "tool": the call it answers
+    name: str | None = None  # role == "tool": the tool's name where known
+    model: str | None = None  # the model that wrote this message, where known
+    timestamp: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)  # format-specific extras (recorded provenance, ...)
+
+
+@dataclass
+class Session:
+    id: str
+    format: str  # the importer that read it ("pi", "claude-code", "jumpahead", ...)
+    messages: list[SessionMessage] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)  # OpenAI function tools, where known
+    source: str = ""  # the file it came from
+    meta: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # what the importer skipped and why
+
+    # --- counts (the importer tests compare these with counts taken from raw files) ---
+    def assistant_indices(self) -> list[int]:
+        return [i for i, m in enumerate(self.messages) if m.role == "assistant"]
+
+    @property
+    def turns(self) -> int:
+        """Assistant messages (one model call each)."""
+        return len(self.assistant_indices())
+
+    @property
+    def tool_call_count(self) -> int:
+        return sum(len(m.tool_calls) for m in self.messages if m.role == "assistant")
+
+    @property
+    def reasoning_count(self) -> int:
+        """Assistant messages that carry reasoning text."""
+        return sum(1 for m in self.messages if m.role == "assistant" and m.reasoning.strip())
+
+    @property
+    def models(self) -> list[str]:
+        return sorted({m.model for m in self.messages if m.model})
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "format": self.format,
+            "source": self.source,
+            "messages": len(self.messages),
+            "turns": self.turns,
+            "tool_calls": self.tool_call_count,
+            "tool_results": sum(1 for m in self.messages if m.role == "tool"),
+            "reasoning_blocks": self.reasoning_count,
+            "user_messages": sum(1 for m in self.messages if m.role == "user"),
+            "models": self.models,
+            "tools_offered": len(self.tools),
+            "warnings": len(self.warnings),
+        }
+
+    # --- the bridge to the server's own Turn (replay, policies) ---
+    def turn_messages(self, upto: int) -> list[Any]:
+        """messages[:upto] as the proxy's `Message`s (what the agent would have sent)."""
+        from jumpahead.proxy.turn import Message, ToolCall
+
+        out = []
+        for i, m in enumerate(self.messages[:upto]):
+            # importers set ids where the source has them; tool results refer to them
+            calls = [ToolCall(name=c.name, arguments=c.arguments_text(), id=c.id or f"call_{i}_{j}")
+                     for j, c in enumerate(m.tool_calls)]
+            out.append(Message(role=m.role, content=m.content, reasoning=m.reasoning or None, tool_calls=calls,
+                               tool_call_id=m.tool_call_id, name=m.name))
+        return out
+
+    def turn(self, index: int) -> Any:
+        """The proxy `Turn` that asks for assistant message `index` (its history before it)."""
+        from jumpahead.proxy.turn import Tool, Turn
+
+        if self.messages[index].role != "assistant":
+            raise ValueError(f"message {index} is a {self.messages[index].role} message, not an assistant turn")
+        tools = []
+        for t in self.tools:
+            fn = t.get("function", t)
+            if isinstance(fn, dict) and fn.get("name"):
+                tools.append(Tool(fn["name"], fn.get("description", "") or "", fn.get("parameters") or fn.get("input_schema")))
+        return Turn(messages=self.turn_messages(index), tools=tools)
