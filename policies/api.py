@@ -19,7 +19,7 @@ that raises disables that policy for the rest of the request, with one warning.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -52,6 +52,10 @@ class RequestContext:
     context_length: int  # the model's window in tokens
     options: dict[str, Any] = field(default_factory=dict)  # the policy's own key=value options
     notes: list[dict[str, Any]] = field(default_factory=list)  # interventions reported by on_request
+    # Ask the serving model to write text: generate(prompt_text, max_tokens) -> text, the
+    # prompt rendered as one user message (None where no engine is at hand). Blocking;
+    # on_request runs off the event loop, so a policy may call it (model-written summaries).
+    generate: Callable[[str, int], str] | None = None
 
     def count_tokens(self, turn: "Turn | None" = None) -> int:
         """Prompt tokens of `turn` (default: this one) under the model's chat template."""
