@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import os
 import sys
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -56,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="forced-continuation replay: each request is answered with the next turn of FILE "
                              "(JSONL: {\"reasoning\", \"text\", \"tool_calls\"} per line), appended through the "
                              "model as asserted tokens")
+    parser.add_argument("--trace-dir", default=None, metavar="DIR",
+                        help="record every turn into DIR/<session>.jsonl: the request (secrets redacted), "
+                             "the context after policies, the answer with each token's provenance, timings")
     parser.add_argument("--script-prompt-limit", type=_positive, default=None, metavar="N",
                         help="script mode: cut longer prompts to N tokens (head and tail) before prefill; "
                              "the scripted answer does not depend on them (default: the model's context)")
@@ -68,6 +72,19 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _writable_dir(path: str) -> str | None:
+    """Why `path` cannot hold trace files (None: it can); created if missing."""
+    import tempfile
+
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        return f"cannot create or write the directory: {exc.strerror or exc}"
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,6 +103,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"jumpahead: {exc}", file=sys.stderr)
             return 2
         log.info("script mode: %d turns from %s", len(script.turns), args.script)
+
+    trace_dir = getattr(args, "trace_dir", None)
+    if trace_dir:
+        problem = _writable_dir(trace_dir)
+        if problem:
+            print(f"jumpahead: --trace-dir {trace_dir}: {problem}", file=sys.stderr)
+            return 2
 
     import jumpahead.engine  # noqa: F401  (loads OpenBLAS before mlx)
     from jumpahead.engine.engine import Engine, EngineConfig
@@ -140,8 +164,16 @@ def run(args: argparse.Namespace) -> int:
 
     from .server import create_app
 
+    hooks: list = []
+    if trace_dir:
+        from jumpahead.traces.recorder import TraceRecorder
+
+        hooks.append(TraceRecorder.for_engine(trace_dir, engine, server={
+            "methods": list(methods), "max_batch": args.max_batch, "objective": args.objective,
+            "script": getattr(args, "script", None), "draft_model": args.draft_model}))
+        log.info("recording traces in %s", trace_dir)
     try:
-        uvicorn.run(create_app(engine, script=script), host=args.host, port=args.port, log_level=args.log_level,
+        uvicorn.run(create_app(engine, script=script, hooks=hooks), host=args.host, port=args.port, log_level=args.log_level,
                     timeout_graceful_shutdown=5)
     finally:
         engine.close()

@@ -336,6 +336,10 @@ async def health(request: Request) -> Response:
     script = _script(request)
     if script is not None:
         report["script"] = script.status()
+    for hook in request.app.state.hooks:  # hooks report themselves (the recorder: trace dir, sessions)
+        describe = getattr(hook, "health", None)
+        if callable(describe):
+            report.update(describe())
     status = 200 if report["status"] == "ok" else 503
     return JSONResponse(report, status_code=status)
 

@@ -1,0 +1,79 @@
+"""The proxy's `Turn` as plain JSON and back: the `context` of a recorded trace turn.
+
+A trace stores the context the model saw (after policies) in this form, so replay and
+analysis rebuild the exact Turn without knowing the protocol it arrived in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from jumpahead.engine.types import SamplingParams
+from jumpahead.proxy.turn import Message, Tool, ToolCall, ToolChoice, Turn
+
+
+def call_to_json(call: ToolCall) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": call.name, "arguments": call.arguments, "id": call.id}
+    if call.issues:
+        out["issues"] = list(call.issues)
+    return out
+
+
+def message_to_json(m: Message) -> dict[str, Any]:
+    """Only the fields a message has (a tool result has no tool_calls, ...): smaller files."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.reasoning:
+        out["reasoning"] = m.reasoning
+    if m.tool_calls:
+        out["tool_calls"] = [call_to_json(c) for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        out["name"] = m.name
+    return out
+
+
+def _sampling_to_json(s: SamplingParams) -> dict[str, Any]:
+    out = asdict(s)
+    out["logit_bias"] = {str(k): v for k, v in s.logit_bias.items()}  # JSON keys are text
+    return out
+
+
+def turn_to_json(turn: Turn) -> dict[str, Any]:
+    return {
+        "messages": [message_to_json(m) for m in turn.messages],
+        "tools": [{"name": t.name, "description": t.description, "parameters": t.parameters} for t in turn.tools],
+        "tool_choice": {"mode": turn.tool_choice.mode, "name": turn.tool_choice.name},
+        "sampling": _sampling_to_json(turn.sampling),
+        "max_tokens": turn.max_tokens,
+        "stop": list(turn.stop),
+        "thinking": turn.thinking,
+        "model": turn.model,
+    }
+
+
+def message_from_json(d: dict[str, Any]) -> Message:
+    calls = [ToolCall(name=str(c.get("name", "")), arguments=c.get("arguments", "{}"), id=str(c.get("id") or ""),
+                      issues=list(c.get("issues") or [])) for c in d.get("tool_calls") or []]
+    return Message(role=d.get("role", "user"), content=d.get("content"), reasoning=d.get("reasoning"),
+                   tool_calls=calls, tool_call_id=d.get("tool_call_id"), name=d.get("name"))
+
+
+def turn_from_json(d: dict[str, Any]) -> Turn:
+    """The Turn a recorded `context` describes (unknown sampling keys are ignored)."""
+    raw = dict(d.get("sampling") or {})
+    fields = set(SamplingParams.__dataclass_fields__)
+    sampling = SamplingParams(**{k: v for k, v in raw.items() if k in fields and k != "logit_bias"})
+    sampling.logit_bias = {int(k): float(v) for k, v in (raw.get("logit_bias") or {}).items()}
+    choice = d.get("tool_choice") or {}
+    return Turn(
+        messages=[message_from_json(m) for m in d.get("messages") or []],
+        tools=[Tool(t["name"], t.get("description") or "", t.get("parameters")) for t in d.get("tools") or []],
+        tool_choice=ToolChoice(choice.get("mode", "auto"), choice.get("name")),
+        sampling=sampling,
+        max_tokens=d.get("max_tokens"),
+        stop=list(d.get("stop") or []),
+        thinking=d.get("thinking"),
+        model=d.get("model"),
+    )
