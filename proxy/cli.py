@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("jumpahead.proxy.serve", "run the model server (OpenAI-compatible API)"),
     "bench": ("jumpahead.proxy.bench", "run a benchmark and print JSON (decode, fill, cache, attention)"),
     "report": ("jumpahead.traces.report", "build an HTML report from replay/analysis JSON"),
+    "traces": ("jumpahead.traces.command", "import and analyse agent sessions"),
 }
 
 

@@ -9,7 +9,7 @@ policies' tests read only this.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import orjson
@@ -91,13 +91,41 @@ class Session:
             "warnings": len(self.warnings),
         }
 
+    # --- serialisation (`jumpahead traces import --out`): plain JSON values, exact round trip ---
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Session:
+        fields = dict(data)
+        fields["messages"] = [
+            SessionMessage(**{**m, "tool_calls": [SessionToolCall(**c) for c in m.get("tool_calls", [])]})
+            for m in data.get("messages", [])
+        ]
+        return cls(**fields)
+
     # --- the bridge to the server's own Turn (replay, policies) ---
+    def context_indices(self, upto: int) -> list[int]:
+        """Indices of the messages the agent sent before message `upto`.
+
+        Without compaction that is 0..upto-1. After a compaction summary (a message with
+        meta["compaction"], set by importers) the agent sent the summary, the earlier
+        messages it kept (from meta["compaction"]["first_kept"], None: none) and what
+        followed the summary."""
+        last = next((i for i in range(upto - 1, -1, -1) if "compaction" in self.messages[i].meta), None)
+        if last is None:
+            return list(range(upto))
+        kept = self.messages[last].meta["compaction"].get("first_kept")
+        earlier = list(range(kept, last)) if isinstance(kept, int) and 0 <= kept < last else []
+        return [last, *earlier, *range(last + 1, upto)]
+
     def turn_messages(self, upto: int) -> list[Any]:
-        """messages[:upto] as the proxy's `Message`s (what the agent would have sent)."""
+        """The proxy's `Message`s the agent sent before message `upto` (context_indices)."""
         from jumpahead.proxy.turn import Message, ToolCall
 
         out = []
-        for i, m in enumerate(self.messages[:upto]):
+        for i in self.context_indices(upto):
+            m = self.messages[i]
             # importers set ids where the source has them; tool results refer to them
             calls = [ToolCall(name=c.name, arguments=c.arguments_text(), id=c.id or f"call_{i}_{j}")
                      for j, c in enumerate(m.tool_calls)]

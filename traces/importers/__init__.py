@@ -1,6 +1,22 @@
-"""Built-in importers: importing this package registers every format (traces/formats.py).
+"""Built-in session importers: importing this package registers every format with
+traces/formats.py. Detection tries them in this order, so the specific shapes come
+first and the generic OpenAI-messages reader last."""
 
-Minimal for now (jumpahead's own traces); the other formats' importers add themselves here.
-"""
+from __future__ import annotations
 
-from . import jumpahead_trace  # noqa: F401
+try:  # our own recorded traces; written by the recorder's module, which may not exist yet
+    from . import jumpahead_trace  # noqa: F401
+except ModuleNotFoundError as exc:
+    if exc.name != f"{__name__}.jumpahead_trace":
+        raise
+
+from . import (  # noqa: E402,F401  (each module registers its format on import)
+    pi,
+    claude_code,
+    codex,
+    opencode,
+    mini_swe_agent,
+    swe_agent,
+    openhands,
+    openai_messages,
+)
