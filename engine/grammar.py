@@ -300,10 +300,14 @@ class ConstrainedProposer:
         prop = self.inner.propose(view, max_len)
         if prop is None or not prop.tokens:
             return prop
-        n = self.constraint.accepts(prop.tokens[:max_len])
+        head = prop.tokens[:max_len]
+        n = self.constraint.accepts(head)
         if n == 0:
             return None
-        prop.tokens = prop.tokens[:n]
+        if n < len(head):
+            prop.tokens = prop.tokens[:n]
+        # else the tokens past max_len stay: an asserted run longer than the round's cap
+        # must reach the scheduler whole to be marked cut; its rest is checked next round.
         return prop
 
     def feedback(self, proposal: Proposal, accepted: int) -> None:

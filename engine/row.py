@@ -75,6 +75,9 @@ class Row:
     # sampler picks, and follows every committed token (sampled or asserted).
     constraint: Constraint | None = None
     stats: ProposalStats = field(default_factory=ProposalStats)
+    # The proposer whose asserted run was cut at the round's cap: asked first next
+    # round, so a verifying proposer cannot interrupt the run between its slices.
+    cut_by: Proposer | None = None
     # per-proposer acceptance rates that size this row's verified proposals
     acceptance: dict[str, Acceptance] = field(default_factory=dict)
 

@@ -195,8 +195,11 @@ class Scheduler:
         # shared batch that the batch does not wait on), our verifying proposers are
         # not asked at all: a draft model would spend forwards on a dropped proposal.
         unpaid = self.config.cost_aware and not asserted_only and self.width_policy.threshold(batch, worth) >= 1.0
+        proposers = row.proposers
+        if row.cut_by is not None:  # an asserted run cut last round continues before anything else
+            proposers = [row.cut_by, *(p for p in proposers if p is not row.cut_by)]
         if budget > 0:
-            for proposer in row.proposers:
+            for proposer in proposers:
                 if unpaid and proposer.name in VERIFIED_KINDS:
                     continue
                 prop = proposer.propose(view, budget)
@@ -226,6 +229,7 @@ class Scheduler:
                     prop.proposer = proposer
                     found = prop
                     break
+        row.cut_by = found.proposer if found is not None and found.cut else None
         row.stats.propose_s += time.perf_counter() - t0
         return found
 

@@ -30,6 +30,9 @@ class Exchange:
     original_turn: Turn | None = None  # the context as the client sent it (before policies)
     turn: Turn | None = None  # the context after policies (what was rendered)
     notes: dict[str, Any] = field(default_factory=dict)  # hooks' reports (interventions, fit, ...)
+    # Hooks' private per-exchange state between their calls (the policy runtime's run);
+    # not part of any report.
+    state: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
 class TurnHooks(Protocol):

@@ -140,6 +140,16 @@ class OutputParser:
 
     # --- public ---------------------------------------------------------------
 
+    @property
+    def state(self) -> str:
+        """Where the output is: "start", "reasoning", "content" or "tool" (policies watch it)."""
+        return self._state
+
+    @property
+    def call_text(self) -> str:
+        """Inside a tool call: its text so far, after the start marker ("" elsewhere)."""
+        return self._buf if self._state == TOOL else ""
+
     def feed(self, text: str) -> list[OutputEvent]:
         self._buf += text
         self._drain(final=False)

@@ -81,6 +81,8 @@ def prepare_turn(engine: Any, turn: Turn, script: Script | None = None, exchange
     rewrite the Turn before rendering and add proposers to the row.
     """
     hooks = list(hooks or [])
+    if exchange is None and hooks:  # hooks keep per-exchange state: give them one (replay, scripts)
+        exchange = Exchange(protocol="internal")
     if exchange is not None:
         exchange.original_turn = turn
     for hook in hooks:

@@ -60,6 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace-dir", default=None, metavar="DIR",
                         help="record every turn into DIR/<session>.jsonl: the request (secrets redacted), "
                              "the context after policies, the answer with each token's provenance, timings")
+    parser.add_argument("--policy", action="append", default=[], metavar="NAME[:key=value,...]",
+                        help="run a policy on every request (repeatable, in order): a built-in name "
+                             "(compaction, masking, thinking-clearing, fit, jump, ...) or a user policy "
+                             "package.module:Class, each optionally followed by :key=value,...")
+    parser.add_argument("--policy-config", default=None, metavar="FILE.toml",
+                        help="policies from a TOML file ([[policy]] tables: name = \"...\" plus options), "
+                             "run before the --policy ones")
     parser.add_argument("--script-prompt-limit", type=_positive, default=None, metavar="N",
                         help="script mode: cut longer prompts to N tokens (head and tail) before prefill; "
                              "the scripted answer does not depend on them (default: the model's context)")
@@ -87,6 +94,18 @@ def _writable_dir(path: str) -> str | None:
     return None
 
 
+def _policy_specs(args: argparse.Namespace) -> list:
+    """--policy-config's then --policy's specs, each imported and instantiated once
+    (PolicyError, a ValueError, names the bad one)."""
+    from jumpahead.policies.registry import load_config, parse_spec
+
+    specs = list(load_config(args.policy_config)) if getattr(args, "policy_config", None) else []
+    specs += [parse_spec(text) for text in getattr(args, "policy", None) or []]
+    for spec in specs:
+        spec.build()
+    return specs
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("jumpahead.serve")
@@ -110,6 +129,12 @@ def run(args: argparse.Namespace) -> int:
         if problem:
             print(f"jumpahead: --trace-dir {trace_dir}: {problem}", file=sys.stderr)
             return 2
+
+    try:
+        policy_specs = _policy_specs(args)
+    except ValueError as exc:  # PolicyError: a bad spec, a module that does not import, bad options
+        print(f"jumpahead: {exc}", file=sys.stderr)
+        return 2
 
     import jumpahead.engine  # noqa: F401  (loads OpenBLAS before mlx)
     from jumpahead.engine.engine import Engine, EngineConfig
@@ -164,7 +189,12 @@ def run(args: argparse.Namespace) -> int:
 
     from .server import create_app
 
-    hooks: list = []
+    from jumpahead.policies.runtime import PolicyHooks, engine_generator
+
+    # Policies first: the recorder then records the context after them.
+    hooks: list = [PolicyHooks(policy_specs, engine.tokenizer, engine.context_length, engine_generator(engine))]
+    if policy_specs:
+        log.info("policies: %s", ", ".join(str(s) for s in policy_specs))
     if trace_dir:
         from jumpahead.traces.recorder import TraceRecorder
 

@@ -346,7 +346,12 @@ async def health(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     engine = _engine(request)
-    return JSONResponse({"engine": engine.metrics(), "server": dict(_stats(request))})
+    report = {"engine": engine.metrics(), "server": dict(_stats(request))}
+    for hook in request.app.state.hooks:  # hooks add their own sections (the policies)
+        section = getattr(hook, "metrics", None)
+        if callable(section):
+            report.update(section())
+    return JSONResponse(report)
 
 
 # --- errors --------------------------------------------------------------------------

@@ -1,0 +1,221 @@
+"""Follow a row's output token by token and say which parser boundaries each crosses.
+
+The text-level state (reasoning / content / tool call) comes from the proxy's own
+OutputParser (proxy/output_parser.py), so boundaries fall exactly where the answer's
+parse puts them: `reasoning_closed` when reasoning ends, `tool_call_opened` when a
+tool-call start marker is complete. Inside a Hermes-JSON call (`{"name": ...,
+"arguments": {...}}`) a small incremental JSON scanner adds `tool_name` (the name's
+string is closed) and `argument_key` (each top-level `"key":` of the arguments).
+
+Work per token is O(the token's text): one detokenizer step, one parser feed, and the
+scanner over the new characters of the call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from jumpahead.proxy.output_parser import OutputParser
+from jumpahead.proxy.turn import ContentDelta, ReasoningDelta, ToolCallDelta
+
+REASONING, TOOL = "reasoning", "tool"
+
+
+@dataclass
+class Crossing:
+    """One boundary the output crossed, at output token `index`."""
+
+    boundary: str
+    index: int
+    tool_name: str | None = None
+    argument_key: str | None = None
+
+
+@dataclass
+class _Container:
+    kind: str  # "obj" | "arr"
+    expect: str = "key"  # objects: "key" | "colon" | "value" | "comma"
+    key: str | None = None  # the key whose value is being read
+    arguments: bool = False  # the call's arguments object
+
+
+@dataclass
+class CallScanner:
+    """Incremental JSON scan of one tool call's text: the name, the argument keys."""
+
+    stack: list[_Container] = field(default_factory=list)
+    in_string: bool = False
+    escape: bool = False
+    buf: list[str] = field(default_factory=list)
+    done: bool = False
+
+    def feed(self, text: str) -> list[tuple[str, str]]:
+        found: list[tuple[str, str]] = []
+        for ch in text:
+            if self.done:
+                break
+            if self.in_string:
+                if self.escape:
+                    self.escape = False
+                    self.buf.append(ch)
+                elif ch == "\\":
+                    self.escape = True
+                    self.buf.append(ch)
+                elif ch == '"':
+                    self.in_string = False
+                    self._string_done("".join(self.buf), found)
+                else:
+                    self.buf.append(ch)
+                continue
+            top = self.stack[-1] if self.stack else None
+            if ch == '"':
+                self.in_string, self.buf = True, []
+            elif ch in "{[":
+                child = _Container("obj" if ch == "{" else "arr")
+                if top is not None and top.kind == "obj":
+                    child.arguments = ch == "{" and len(self.stack) == 1 and top.key in ("arguments", "parameters")
+                    top.expect = "comma"
+                self.stack.append(child)
+            elif ch in "}]":
+                if self.stack:
+                    self.stack.pop()
+                if not self.stack:
+                    self.done = True
+            elif top is not None and top.kind == "obj":
+                if ch == ":" and top.expect == "colon":
+                    top.expect = "value"
+                    if top.arguments and top.key is not None:
+                        found.append(("argument_key", top.key))
+                elif ch == "," and top.expect in ("comma", "value"):
+                    top.expect, top.key = "key", None
+                elif top.expect == "value" and not ch.isspace():
+                    top.expect = "comma"  # a number or literal value
+        return found
+
+    def _string_done(self, text: str, found: list[tuple[str, str]]) -> None:
+        top = self.stack[-1] if self.stack else None
+        if top is None or top.kind != "obj":
+            return
+        if top.expect == "key":
+            top.key, top.expect = _unescape(text), "colon"
+        elif top.expect == "value":
+            if len(self.stack) == 1 and top.key == "name":
+                found.append(("tool_name", _unescape(text)))
+            top.expect = "comma"
+
+
+def _unescape(text: str) -> str:
+    if "\\" not in text:
+        return text
+    import orjson
+
+    try:
+        return orjson.loads(f'"{text}"')
+    except orjson.JSONDecodeError:
+        return text
+
+
+class OutputTracker:
+    """The row's decoded output, its parse, and the boundaries crossed by each token."""
+
+    def __init__(self, tokenizer: Any, parser: OutputParser) -> None:
+        self.detokenizer = tokenizer.detokenizer
+        self.skip = set(getattr(tokenizer, "eos_token_ids", ()) or ())
+        self.parser = parser
+        self.tokens: list[int] = []
+        self.ends: list[int] = []  # per output token: length of `text` once it is in
+        self.reasoning = ""
+        self.content = ""
+        self.calls_done = 0
+        self.tool_name: str | None = None
+        self.argument_key: str | None = None
+        self._scanner: CallScanner | None = None
+        self._scanned = 0  # characters of the open call already scanned
+        if parser.state == TOOL:  # the prompt's assistant prefix opened a call
+            self._open_call()
+
+    @property
+    def text(self) -> str:
+        return self.detokenizer.text
+
+    @property
+    def call_text(self) -> str:
+        return self.parser.call_text
+
+    def _open_call(self) -> None:
+        self._scanner, self._scanned = CallScanner(), 0
+        self.tool_name = self.argument_key = None
+
+    def add(self, token: int) -> list[Crossing]:
+        """Take one output token; the boundaries it crossed, in order."""
+        index = len(self.tokens)
+        self.tokens.append(token)
+        before = len(self.detokenizer.text)
+        if token not in self.skip:
+            self.detokenizer.add_token(token)
+        text = self.detokenizer.text
+        self.ends.append(len(text))
+        if len(text) == before:
+            return []
+        return self._feed(text[before:], index)
+
+    def _feed(self, delta: str, index: int) -> list[Crossing]:
+        parser = self.parser
+        was, calls = parser.state, len(parser.tool_calls) + len(parser.malformed)
+        crossed: list[Crossing] = []
+        for event in parser.feed(delta):
+            if isinstance(event, ReasoningDelta):
+                self.reasoning += event.text
+            elif isinstance(event, ContentDelta):
+                self.content += event.text
+            elif isinstance(event, ToolCallDelta):
+                self.calls_done += 1
+        now = parser.state
+        if was == REASONING and now != REASONING:
+            crossed.append(Crossing("reasoning_closed", index))
+        closed = len(parser.tool_calls) + len(parser.malformed) != calls
+        if now == TOOL and (was != TOOL or closed):
+            self._open_call()
+            crossed.append(Crossing("tool_call_opened", index))
+        if now == TOOL and self._scanner is not None:
+            body = parser.call_text
+            for kind, value in self._scanner.feed(body[self._scanned:]):
+                if kind == "tool_name":
+                    self.tool_name = value
+                    crossed.append(Crossing("tool_name", index, tool_name=value))
+                else:
+                    self.argument_key = value
+                    crossed.append(Crossing("argument_key", index, tool_name=self.tool_name, argument_key=value))
+            self._scanned = len(body)
+        elif now != TOOL:
+            self._scanner = None
+        return crossed
+
+    def char_span_tokens(self, start: int, end: int) -> tuple[int, int] | None:
+        """The output tokens [a, b) that cover characters [start, end) of `text`."""
+        return span_tokens(self.ends, start, end)
+
+
+def span_tokens(ends: list[int], start: int, end: int) -> tuple[int, int] | None:
+    """Tokens [a, b) covering characters [start, end), given each token's text end."""
+    import bisect
+
+    if not ends or start < 0 or end <= start or end > ends[-1]:
+        return None
+    a = bisect.bisect_right(ends, start)  # first token that ends after `start`
+    b = bisect.bisect_left(ends, end) + 1  # first token whose end reaches `end`
+    return (a, min(b, len(ends)))
+
+
+def text_offsets(tokenizer: Any, tokens: list[int]) -> tuple[str, list[int]]:
+    """The tokens' text (streaming detokenizer) and each token's text end in it."""
+    detok = tokenizer.detokenizer
+    ends = []
+    for tok in tokens:
+        detok.add_token(tok)
+        ends.append(len(detok.text))
+    detok.finalize()
+    if ends:
+        ends[-1] = len(detok.text)
+    return detok.text, ends
