@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
 def _fail(command: str, message: str) -> int:
     from .formats import known_formats
 
-    if "known" not in message:
+    if "(known" not in message:  # formats.py messages already list them
         message = f"{message} (known formats: {', '.join(known_formats())})"
     print(f"jumpahead traces {command}: {message}", file=sys.stderr)
     return 2
