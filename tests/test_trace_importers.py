@@ -590,3 +590,41 @@ def test_cli_import_summary_json_and_out(tmp_path: Path) -> None:
     assert header.split()[:6] == ["session", "format", "msgs", "turns", "calls", "results"]
     assert rows[0].split()[:6] == ["7f6c1a2e-pi-tree", "pi", "10", "3", "2", "2"]
     assert rows[2].startswith("warning: 7f6c1a2e-pi-tree: skipped 2 entries off the active branch")
+
+
+def test_claude_code_sample_with_a_first_line_beyond_the_detection_head(tmp_path: Path) -> None:
+    base = {"sessionId": "s-1", "cwd": "/p", "version": "2.1.39", "isSidechain": False, "userType": "external"}
+    big = "x" * 70_000  # longer than the 64 KiB head detection reads
+    rows = [
+        {**base, "type": "user", "uuid": "u1", "parentUuid": None, "timestamp": "2026-02-11T20:00:00Z",
+         "message": {"role": "user", "content": big}},
+        {**base, "type": "assistant", "uuid": "a1", "parentUuid": "u1", "timestamp": "2026-02-11T20:00:01Z",
+         "message": {"id": "msg_1", "role": "assistant", "model": "claude-opus-4-6",
+                     "content": [{"type": "thinking", "thinking": "Check the file.", "signature": "s"}]}},
+        {**base, "type": "assistant", "uuid": "a2", "parentUuid": "a1", "timestamp": "2026-02-11T20:00:02Z",
+         "message": {"id": "msg_1", "role": "assistant", "model": "claude-opus-4-6",
+                     "content": [{"type": "tool_use", "id": "toolu_1", "name": "Read",
+                                  "input": {"file_path": "/p/a.py"}}]}},
+        {**base, "type": "user", "uuid": "u2", "parentUuid": "a2", "timestamp": "2026-02-11T20:00:03Z",
+         "message": {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                                  "content": [{"type": "text", "text": "     1→x = 1"}]}]}},
+        {**base, "type": "assistant", "uuid": "a3", "parentUuid": "u2", "timestamp": "2026-02-11T20:00:04Z",
+         "message": {"id": "msg_1", "role": "assistant", "model": "claude-opus-4-6",
+                     "content": [{"type": "tool_use", "id": "toolu_2", "name": "Bash", "input": {"command": "ls"}}]}},
+        {**base, "type": "user", "uuid": "u3", "parentUuid": "a3", "timestamp": "2026-02-11T20:00:05Z",
+         "message": {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_2", "content": "a.py",
+                                                  "is_error": False}]}},
+        {**base, "isSidechain": True, "agentId": "ab12", "type": "user", "uuid": "s1", "parentUuid": None,
+         "timestamp": "2026-02-11T20:00:06Z", "message": {"role": "user", "content": "subtask"}},
+        {"type": "summary", "summary": "Read a.py", "leafUuid": "u3"},
+    ]
+    path = tmp_path / "s-1.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    main, sub = load_sessions(path)
+    assert main.format == "claude-code" and main.id == "s-1" and sub.id == "s-1/agent-ab12"
+    assert [m.role for m in main.messages] == ["user", "assistant", "tool", "tool"]
+    merged = main.messages[1]
+    assert merged.reasoning == "Check the file." and [c.id for c in merged.tool_calls] == ["toolu_1", "toolu_2"]
+    assert main.messages[2].content == "     1→x = 1" and main.messages[2].name == "Read"
+    assert main.meta["titles"] == ["Read a.py"] and [m.content for m in sub.messages] == ["subtask"]
+    assert_links(main)

@@ -43,6 +43,30 @@ def head_dicts(head: bytes, limit: int = 40) -> list[dict[str, Any]]:
     return [v for v in head_values(head, limit) if isinstance(v, dict)]
 
 
+def first_dicts(path: Path, head: bytes, limit: int = 40) -> list[dict[str, Any]]:
+    """The JSON objects on a JSONL file's first lines. Where the head holds fewer than two
+    complete lines (one huge tool output can exceed it), the lines are read from the file."""
+    rows = head_dicts(head, limit)
+    if len(rows) >= 2 or head.count(b"\n") >= 2:
+        return rows
+    rows = []
+    try:
+        with path.open("rb") as fh:
+            for _ in range(min(limit, 4)):
+                line = fh.readline()
+                if not line:
+                    break
+                try:
+                    value = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    break
+                if isinstance(value, dict):
+                    rows.append(value)
+    except OSError:
+        return []
+    return rows
+
+
 def json_document(path: Path) -> Any:
     """The file parsed as one JSON document, or None where it is not one (JSONL, text)."""
     try:

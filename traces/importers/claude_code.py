@@ -24,17 +24,18 @@ from typing import Any
 
 from ..formats import Format, register
 from ..session import Session, SessionMessage, SessionToolCall
-from ._common import compaction_message, content_text, count_images, head_dicts, join_texts, read_jsonl
+from ._common import compaction_message, content_text, count_images, first_dicts, join_texts, read_jsonl
 
 NAME = "claude-code"
 _SILENT = {"progress", "file-history-snapshot", "queue-operation", "summary", "system", "attachment"}
 
 
 def detect(path: Path, head: bytes) -> bool:
-    for row in head_dicts(head):
-        if row.get("type") in ("user", "assistant") and "sessionId" in row and isinstance(row.get("message"), dict):
+    for row in first_dicts(path, head):
+        kind = row.get("type")
+        if kind in ("user", "assistant", "system", "progress") and "sessionId" in row and "uuid" in row:
             return True
-        if row.get("type") == "summary" and "leafUuid" in row:
+        if (kind == "summary" and "leafUuid" in row) or (kind == "file-history-snapshot" and "snapshot" in row):
             return True
     return False
 

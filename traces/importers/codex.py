@@ -23,7 +23,7 @@ import orjson
 
 from ..formats import Format, register
 from ..session import Session, SessionMessage, SessionToolCall
-from ._common import compaction_message, content_text, head_dicts, join_texts, parse_arguments, read_jsonl
+from ._common import compaction_message, content_text, first_dicts, join_texts, parse_arguments, read_jsonl
 
 NAME = "codex"
 _LINE_TYPES = {"session_meta", "response_item", "turn_context", "event_msg", "compacted"}
@@ -33,7 +33,7 @@ _BARE_ITEMS = _OUTPUT_ITEMS | _RESULT_ITEMS | {"message"}
 
 
 def detect(path: Path, head: bytes) -> bool:
-    rows = head_dicts(head, 12)
+    rows = first_dicts(path, head, 12)
     if any(r.get("type") in _LINE_TYPES and isinstance(r.get("payload"), dict) for r in rows):
         return True
     # the early bare layout: a meta object, then bare response items; only under Codex's file name

@@ -115,7 +115,12 @@ def _session(chain: list[dict[str, Any]], header: dict[str, Any], sid: str, path
             messages[slot].meta = _meta(turn)
             messages[slot].model = model
         else:
-            messages[slot] = _answer(turn, model)
+            answer = _answer(turn, model)
+            client = messages[slot].tool_calls
+            if [c.name for c in client] == [c.name for c in answer.tool_calls]:
+                for ours, theirs in zip(answer.tool_calls, client):  # the ids the tool results refer to
+                    ours.id = theirs.id or ours.id
+            messages[slot] = answer
     answer = _answer(last, model)
     if last.get("continues") and messages and messages[-1].role == "assistant":
         prefix = messages.pop()

@@ -17,7 +17,7 @@ from typing import Any
 from ..formats import Format, register
 from ..session import Session, SessionMessage
 from . import _openai
-from ._common import head_dicts, json_document, looks_like_document, read_jsonl
+from ._common import first_dicts, json_document, looks_like_document, read_jsonl
 
 NAME = "openai-messages"
 
@@ -41,7 +41,7 @@ def detect(path: Path, head: bytes) -> bool:
         doc = json_document(path)
         if doc is not None:
             return _is_body(doc) or (isinstance(doc, list) and _shape(doc) is not None)
-    rows = head_dicts(head, 10)
+    rows = first_dicts(path, head, 10)
     return len(rows) > 0 and _shape(rows) is not None
 
 

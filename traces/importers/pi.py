@@ -22,7 +22,7 @@ from typing import Any
 
 from ..formats import Format, register
 from ..session import Session, SessionMessage, SessionToolCall
-from ._common import compaction_message, content_text, count_images, head_dicts, join_texts, read_jsonl
+from ._common import compaction_message, content_text, count_images, first_dicts, join_texts, read_jsonl
 
 NAME = "pi"
 
@@ -38,7 +38,7 @@ _ENTRY_TYPES = _SILENT | {"message", "compaction", "branch_summary", "custom_mes
 
 
 def detect(path: Path, head: bytes) -> bool:
-    rows = head_dicts(head, 8)
+    rows = first_dicts(path, head, 8)
     if not rows or rows[0].get("type") != "session" or "id" not in rows[0]:
         return False
     # Claude Code and Codex never write a `session` line; require pi's entry shapes after it
