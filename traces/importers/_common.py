@@ -197,12 +197,3 @@ def compaction_message(text: str, first_kept: int | None, *, role: str = "user",
     info = {"first_kept": first_kept, **{k: v for k, v in extra.items() if v is not None}}
     return SessionMessage(role=role, content=text, timestamp=timestamp, meta={"compaction": info})  # type: ignore[arg-type]
 
-
-def count_note(counts: dict[str, int], what: str) -> None:
-    counts[what] = counts.get(what, 0) + 1
-
-
-def warn_unknown(warnings: list[str], counts: dict[str, int], label: str) -> None:
-    """One warning per kind of skipped entry, with its count."""
-    for kind, n in sorted(counts.items()):
-        warnings.append(f"skipped {n} {label} of type {kind!r}")

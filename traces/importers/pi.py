@@ -88,7 +88,8 @@ def _message(msg: dict[str, Any], timestamp: str | None, warnings: list[str]) ->
     if role == "assistant":
         return _assistant(msg, timestamp)
     if role == "user":
-        meta = {"images": count_images(msg.get("content"))} if count_images(msg.get("content")) else {}
+        images = count_images(msg.get("content"))
+        meta = {"images": images} if images else {}
         return SessionMessage(role="user", content=content_text(msg.get("content")), timestamp=timestamp, meta=meta)
     if role == "toolResult":
         return SessionMessage(role="tool", content=content_text(msg.get("content"), "\n"),
@@ -131,7 +132,7 @@ def load(path: Path) -> list[Session]:
     rows = read_jsonl(path, warnings)
     header = rows[0] if rows and rows[0].get("type") == "session" else {}
     version = int(header.get("version") or 1)
-    entries = [r for r in (rows[1:] if header else rows)]
+    entries = rows[1:] if header else rows
     # v1: compaction points at a file line; remember each entry's line (header is line 0)
     line_of = {id(e): i + (1 if header else 0) for i, e in enumerate(entries)}
     branch = _active_branch(entries, version)
