@@ -1,0 +1,245 @@
+"""`fit`: shrink a prompt that does not fit the model's window, cheapest step first.
+
+A prompt fits when its tokens leave `reserve` tokens of the window for the answer
+(option reserve; default max(1024, the request's max_tokens), capped at an eighth of
+the window or 1024, whichever is more). Steps, applied in order until the prompt fits:
+
+1. `mask`: tool results before the last turn become one-line placeholders;
+2. `clear-thinking`: the reasoning of assistant messages before the last turn is dropped;
+3. `short-tools`: tool descriptions cut to their first sentence (names and parameter
+   schemas kept, the schemas' own descriptions clipped);
+4. `bare-tools`: tool descriptions cut to 80 characters, schema descriptions (and
+   `$schema` tags) dropped;
+5. `cut-middle`: the leading system messages, the first user message and the newest
+   messages that fit are kept; a note `[N earlier messages omitted ...]` stands for
+   the rest; a tool call and its results are never split;
+6. `clip`: long messages keep their head and tail.
+
+Sticky: the steps a session needed stay applied at its later turns (each is a pure
+function of the history, and the cut only moves later), so consecutive turns share a
+prefix. What was done goes to ctx.notes (the runtime reports it in usage).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any
+
+from .api import Policy, RequestContext
+from .compaction import placeholder
+from .sticky import int_option, last_turn_start, message_identity, render, with_messages
+
+if TYPE_CHECKING:
+    from jumpahead.proxy.turn import Message, Tool, Turn
+
+log = logging.getLogger(__name__)
+
+STEPS = ("mask", "clear-thinking", "short-tools", "bare-tools", "cut-middle", "clip")
+_MIN_MASK_CHARS = 120  # shorter results are about as long as their placeholder
+
+
+def reserve_for(turn: "Turn", context_length: int, reserve: int | None = None) -> int:
+    """Tokens kept free for the answer."""
+    if reserve is not None:
+        return min(reserve, context_length - 1)
+    # an agent asks for far more (Claude Code: 32000) than one turn needs; an eighth of
+    # the window (at least 1024) leaves room for a tool call or a short answer
+    return min(max(1024, turn.max_tokens or 0), max(1024, context_length // 8), context_length // 2)
+
+
+class Fit(Policy):
+    """Shrink prompts that exceed the window (`--policy fit[:reserve=N]`)."""
+
+    name = "fit"
+
+    def __init__(self, **options: str) -> None:
+        super().__init__(**options)
+        self.reserve = int_option(self.options, "reserve", 0) if "reserve" in self.options else None
+
+    def on_request(self, ctx: RequestContext) -> "Turn | None":
+        turn = ctx.turn
+        limit = ctx.context_length - reserve_for(turn, ctx.context_length, self.reserve)
+        memo = ctx.session.memo.setdefault("fit", {"level": 0, "cut": None, "clip": None})
+        if memo["level"] == 0 and _surely_fits(turn, limit):
+            return None
+        size = len(render(ctx.tokenizer, turn))
+        if size <= limit and memo["level"] == 0:
+            return None
+        before = size
+        applied: list[str] = []
+        current = turn
+        level = 0
+        while level < len(STEPS) and (level < memo["level"] or size > limit):
+            step = STEPS[level]
+            shrunk = self._apply(step, ctx, current, limit, memo)
+            level += 1
+            if shrunk is not current:  # a step with nothing to do costs no render
+                applied.append(step)
+                current = shrunk
+                size = len(render(ctx.tokenizer, current))
+        memo["level"] = max(memo["level"], level)
+        note: dict[str, Any] = {"policy": "fit", "steps": applied, "tokens_before": before, "tokens_after": size,
+                                "limit": limit, "context_length": ctx.context_length}
+        if memo["cut"] is not None and "cut-middle" in applied:
+            note["omitted_messages"] = memo["cut"]["omitted"]
+        if size > limit:
+            note["fitted"] = False
+            ctx.notes.append(note)
+            log.warning("fit: %d prompt tokens after %s, still over the %d-token limit", size, ", ".join(applied),
+                        limit)
+            return None  # the engine answers context_length_exceeded
+        note["fitted"] = True
+        ctx.notes.append(note)
+        log.info("fit: %d -> %d prompt tokens (limit %d) by %s", before, size, limit, ", ".join(applied))
+        return current
+
+    # --- the steps ------------------------------------------------------------------
+    def _apply(self, step: str, ctx: RequestContext, turn: "Turn", limit: int, memo: dict[str, Any]) -> "Turn":
+        messages = list(turn.messages)
+        last = last_turn_start(messages)
+        changed = False
+        if step == "mask":
+            for i in range(last):
+                m = messages[i]
+                if m.role == "tool" and len(m.content or "") >= _MIN_MASK_CHARS:
+                    messages[i] = dataclasses.replace(m, content=placeholder(m.content or ""))
+                    changed = True
+            return with_messages(turn, messages) if changed else turn
+        if step == "clear-thinking":
+            for i in range(last):
+                if messages[i].role == "assistant" and messages[i].reasoning:
+                    messages[i] = dataclasses.replace(messages[i], reasoning=None)
+                    changed = True
+            return with_messages(turn, messages) if changed else turn
+        if step in ("short-tools", "bare-tools"):
+            if not turn.tools:
+                return turn
+            bare = step == "bare-tools"
+            return dataclasses.replace(turn, tools=[shorten_tool(t, bare) for t in turn.tools])
+        if step == "cut-middle":
+            return self._cut_middle(ctx, turn, limit, memo)
+        return self._clip(ctx, turn, limit, memo)
+
+    def _cut_middle(self, ctx: RequestContext, turn: "Turn", limit: int, memo: dict[str, Any]) -> "Turn":
+        messages = turn.messages
+        # identities of the request's own messages: earlier steps rewrite messages in
+        # place (same positions) but differently once a message leaves the last turn
+        originals = ctx.turn.messages
+        head = _head_length(messages)
+        starts = [i for i in range(head, len(messages)) if messages[i].role != "tool"]
+        if not starts:
+            return turn
+        previous = memo["cut"]
+        floor = 0  # the cut only moves later: start no earlier than last time
+        if previous is not None:
+            floor = next((n for n, i in enumerate(starts) if message_identity(originals[i]) == previous["first_kept"]), 0)
+
+        def cut(n: int) -> "Turn":
+            return _omit(turn, head, starts[n])
+
+        # Keep last turn's cut while it fits; else the earliest later start that fits
+        # with a quarter of the room to spare, so the next turns keep this cut (and
+        # their prefix) instead of moving it by one message each turn.
+        lo, hi = floor, len(starts) - 1
+        if len(render(ctx.tokenizer, cut(lo))) > limit:
+            target = limit - (limit - _fixed_tokens(ctx, turn, head)) // 4
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if len(render(ctx.tokenizer, cut(mid))) <= target:
+                    hi = mid
+                else:
+                    lo = mid + 1
+        start = starts[lo]
+        if start == head:  # nothing omitted
+            return turn
+        memo["cut"] = {"first_kept": message_identity(originals[start]), "omitted": start - head}
+        return cut(lo)
+
+    def _clip(self, ctx: RequestContext, turn: "Turn", limit: int, memo: dict[str, Any]) -> "Turn":
+        """Long message texts keep their head and tail, the budget halved until it fits
+        (the budget is remembered: later turns clip at least as much)."""
+        budget = memo["clip"] or max(len(m.content or "") for m in turn.messages)
+        while True:
+            clipped = with_messages(turn, [_clip_message(m, budget) for m in turn.messages])
+            if len(render(ctx.tokenizer, clipped)) <= limit or budget <= 256:
+                memo["clip"] = budget
+                return clipped
+            budget //= 2
+
+
+def shorten_tool(tool: "Tool", bare: bool) -> "Tool":
+    """The tool with its description cut (names and parameter schemas kept)."""
+    text = " ".join((tool.description or "").split())
+    if bare:
+        description = _clip(text, 80)
+    else:
+        first = text.split(". ", 1)[0]
+        description = _clip(first if first.endswith(".") or first == text else first + ".", 200)
+    parameters = _clip_schema(tool.parameters, None if bare else 100) if tool.parameters else tool.parameters
+    return dataclasses.replace(tool, description=description, parameters=parameters)
+
+
+def _clip_schema(value: Any, limit: int | None) -> Any:
+    """The schema with every `description` clipped to `limit` characters (None: removed,
+    and the `$schema` tag too: metadata that constrains nothing)."""
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if key == "$schema" and limit is None:
+                continue
+            if key == "description" and isinstance(item, str):
+                if limit is not None:
+                    out[key] = _clip(" ".join(item.split()), limit)
+                continue
+            out[key] = _clip_schema(item, limit)
+        return out
+    if isinstance(value, list):
+        return [_clip_schema(v, limit) for v in value]
+    return value
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def _head_length(messages: list["Message"]) -> int:
+    """The kept head: the leading system messages and the first user message."""
+    i = 0
+    while i < len(messages) and messages[i].role == "system":
+        i += 1
+    first_user = next((j for j in range(i, len(messages)) if messages[j].role == "user"), None)
+    return (first_user + 1) if first_user is not None else i
+
+
+def _fixed_tokens(ctx: RequestContext, turn: "Turn", head: int) -> int:
+    """Prompt tokens of what a cut always keeps (tools, head, the newest message)."""
+    return len(render(ctx.tokenizer, _omit(turn, head, len(turn.messages) - 1)))
+
+
+def _omit(turn: "Turn", head: int, start: int) -> "Turn":
+    from jumpahead.proxy.turn import Message
+
+    omitted = start - head
+    if omitted <= 0:
+        return turn
+    note = Message("user", f"[{omitted} earlier messages omitted to fit the model's context]")
+    return with_messages(turn, [*turn.messages[:head], note, *turn.messages[start:]])
+
+
+def _clip_message(message: "Message", budget: int) -> "Message":
+    content = message.content or ""
+    if len(content) <= budget:
+        return message
+    keep = budget // 2
+    omitted = len(content) - 2 * keep
+    return dataclasses.replace(message, content=f"{content[:keep]}\n[... {omitted} chars omitted ...]\n{content[-keep:]}")
+
+
+def _surely_fits(turn: "Turn", limit: int) -> bool:
+    """A cheap upper bound: a byte-level BPE token covers at least one character, so
+    the characters (plus template overhead) bound the tokens."""
+    chars = sum(len(m.content or "") + len(m.reasoning or "") + sum(len(c.arguments) + len(c.name) for c in m.tool_calls)
+                for m in turn.messages)
+    chars += sum(len(t.name) + len(t.description or "") + len(str(t.parameters or "")) for t in turn.tools)
+    return chars + 16 * len(turn.messages) + 512 < limit
