@@ -149,6 +149,35 @@ def test_out_must_not_be_the_json_path(tmp_path):
     assert json.loads(path.read_text()) == REPLAY
 
 
+def test_report_from_traces_analyze_json(tmp_path):
+    """The real chain on a public session: `traces analyze --json` then `report`."""
+    shared = Path(__file__).resolve().parents[2] / "shared" / "traces" / "public"
+    session = shared / "mini-swe-agent" / "marshmallow-code__marshmallow-1343.traj.json"
+    if not session.is_file():
+        pytest.skip(f"{session} is absent: the public sessions live in ../shared")
+    if "traces" not in COMMANDS:
+        pytest.skip("`jumpahead traces analyze` is not there yet")
+    proc = jumpahead("traces", "analyze", str(session), "--json")
+    assert proc.returncode == 0, proc.stderr
+    analysis = tmp_path / "analysis.json"
+    analysis.write_text(proc.stdout)
+    result = json.loads(proc.stdout)
+    (s,) = result["sessions"]
+    out = tmp_path / "report.html"
+    proc = jumpahead("report", str(analysis), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    page = out.read_text()
+    check_page(page)
+    assert 'id="copyable-by-source"' in page and 'id="span-lengths"' in page
+    assert 'id="time-per-arm"' not in page  # no replay input, no replay plots
+    figs = json.loads(out.with_suffix(".json").read_text())["figures"]
+    src = {t["name"]: t for t in figs["copyable-by-source"]["data"]}
+    assert src["(b) context"]["x"] == [s["id"][:24], "overall"]
+    assert src["(b) context"]["y"][0] == pytest.approx(s["shares"]["context"])
+    (points,) = figs["span-lengths"]["data"]
+    assert len(points["x"]) == sum(1 for c in s["calls"] if c["tokens"] > 0)
+
+
 def test_report_from_a_real_replay_run(tmp_path):
     if "replay" not in COMMANDS:
         pytest.skip("`jumpahead replay` is not there yet")
