@@ -93,6 +93,15 @@ def _decode(decode: Any, ids: list[int]) -> str:
         return ""
 
 
+def _wire_id(protocol: str, call: Any) -> str:
+    """The call id as the client saw it (and as its tool results will refer to it)."""
+    if protocol == "messages":
+        from jumpahead.proxy.anthropic_messages import tool_use_id
+
+        return tool_use_id(call)
+    return call.id
+
+
 def _json_default(obj: Any) -> Any:
     """Policies' notes may hold anything; a trace line must still be written."""
     for attr in ("as_dict", "to_dict"):
@@ -231,7 +240,8 @@ class TraceRecorder(BaseHooks):
         record["response"] = {
             "reasoning": out.reasoning,
             "content": out.content,
-            "tool_calls": [{**call_to_json(c), "issues": list(c.issues)} for c in out.tool_calls],
+            "tool_calls": [{**call_to_json(c), "id": _wire_id(exchange.protocol, c), "issues": list(c.issues)}
+                           for c in out.tool_calls],
             "finish_reason": out.finish_reason,
             "stop_sequence": out.stop_sequence,
             "error": out.error,
