@@ -9,7 +9,9 @@ results always stay paired (same ids, same arguments); user messages and the las
 - `compaction` (mode=extract|model): the reasoning of a finished tool step (every call
   answered) becomes a compact account (policies/account.py); with `mode=model` the
   serving model writes the notes (ctx.generate), extraction where it cannot.
-  Options: clear_at_least, horizon, min_tokens, target=all|reasoning, max_chars.
+  Options: clear_at_least (1024), horizon (8), min_tokens (64: shorter texts stay),
+  target=all|reasoning (all: also the visible text of a tool-calling message),
+  max_chars (600: notes kept per text), summary_tokens (160: mode=model).
 - `masking` (keep=N, default 3): old tool results become a one-line placeholder.
 - `thinking-clearing` (keep=N, default 1): old assistant reasoning is dropped.
 """
@@ -52,6 +54,7 @@ class Compaction(StickyRewrite):
             raise ValueError(f"option target={self.target!r}: expected all or reasoning")
         self.min_tokens = int_option(self.options, "min_tokens", 64)  # shorter segments are left alone
         self.max_chars = max(80, int_option(self.options, "max_chars", 600))  # notes kept per segment
+        self.summary_tokens = max(8, int_option(self.options, "summary_tokens", 160))  # mode=model: per summary
         self._fallbacks: list[str] = []
 
     def candidates(self, messages: list["Message"], protected_from: int) -> list[int]:
@@ -103,7 +106,7 @@ class Compaction(StickyRewrite):
     def _summary(self, ctx: RequestContext, original: "Message", source: str, budget: int,
                  results: dict[str, "Message"], index: int) -> str | None:
         """The model's account of one text, or None (and a fallback note) where it cannot."""
-        budget = max(16, budget)
+        budget = min(self.summary_tokens, max(16, budget))
         calls = "\n".join(f"- {acc.describe_call(c)} -> "
                           f"{acc.describe_result(results[c.id].content or '') if c.id in results else '(no result)'}"
                           for c in original.tool_calls)
