@@ -322,10 +322,10 @@ class MistakenJump(_JumpPolicy):
         path_key = plan.roles.path_key if plan.roles else None
         if path_key in values and isinstance(values[path_key], str):
             here = values[path_key]
-            others = [p for p in paths_in(event.context_text + "\n" + event.output_text)
-                      if not names_path(p, here) and keeps(path_key, p)]
-            if others:
-                out["wrong_path"] = lambda rng: variant(path_key, (o := rng.choice(others)), f"wrong_path {here} -> {o}")
+            paths = [p for p in paths_in(event.context_text + "\n" + event.output_text)
+                     if not names_path(p, here) and keeps(path_key, p)]
+            if paths:
+                out["wrong_path"] = lambda rng: variant(path_key, (o := rng.choice(paths)), f"wrong_path {here} -> {o}")
         content_keys = plan.content_keys or [k for k in (*CONTENT_KEYS, *NEW_KEYS) if k in values]
         ckey = next((k for k in content_keys if isinstance(values.get(k), str)), None)
         if ckey is not None:
@@ -336,9 +336,9 @@ class MistakenJump(_JumpPolicy):
                     cut = rng.randint(low, len(value) - 1)
                     return variant(ckey, value[:cut], f"truncated {ckey} {len(value)} -> {cut} chars")
                 out["truncated"] = truncated
-            others = [t for t in self._contents(event) if t != value and keeps(ckey, t)]
-            if others:
-                out["wrong_file"] = lambda rng: variant(ckey, (o := rng.choice(others)),
+            contents = [t for t in self._contents(event) if t != value and keeps(ckey, t)]
+            if contents:
+                out["wrong_file"] = lambda rng: variant(ckey, (o := rng.choice(contents)),
                                                         f"wrong_file {ckey} <- another content of {len(o)} chars")
         return out
 

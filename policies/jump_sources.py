@@ -22,6 +22,8 @@ from dataclasses import dataclass
 LEAD_CHARS = 300  # how far before a block its file may be named
 
 _FENCE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})([^\n`]*)$", re.M)
+# after a closing fence: nothing, or the chat template's end of message / tool result
+_CLOSING = re.compile(r"[ \t]*(?:$|<\|[^|\n]*\|>|</\w+>)")
 _LABEL = re.compile(r"(?i)\b(?:content|contents|file_text|file text|new content|body)\s*[:=]\s*(\"\"\"|'''|\"|`(?!``))")
 _PATH = re.compile(r"(?<![\w./~-])(?:\.{0,2}/)?(?:[\w.~+-]+/)*[\w~+-][\w.+-]*(?![\w/~+-])")
 _EXTENSIONS = frozenset(
@@ -61,7 +63,7 @@ def fenced_blocks(text: str) -> list[Block]:
             opened = m
             continue
         fence, info = m.group(1), m.group(2)
-        if fence[0] != opened.group(1)[0] or len(fence) < len(opened.group(1)) or info.strip():
+        if fence[0] != opened.group(1)[0] or len(fence) < len(opened.group(1)) or not _CLOSING.match(info):
             continue
         start = min(opened.end() + 1, m.start())
         lead = text[max(prev_end, opened.start() - LEAD_CHARS) : opened.start()] + " " + opened.group(2)
