@@ -218,9 +218,9 @@ class BoundaryProposer:
         if self._broken:
             return
         try:
-            self.pending = None
             t0 = time.perf_counter()
-            crossed = self._take(output_tokens)
+            crossed = self._take(output_tokens)  # counts what the row took of a pending run
+            self.pending = None
             self.watch_s += time.perf_counter() - t0
             crossed.append(Crossing("turn_end", len(output_tokens)))
             for crossing in crossed:
