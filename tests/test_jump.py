@@ -334,6 +334,13 @@ def test_mistaken_oracle_jump_can_send_a_wrong_path(tok):
     assert kinds == {"wrong_path", "truncated", "wrong_file"}
 
 
+def test_builtin_names_resolve():
+    assert type(parse_spec("jump").build()) is Jump
+    assert type(parse_spec("oracle-jump:min_chars=8").build()).__name__ == "OracleJump"
+    m = parse_spec("mistaken-jump:rate=0.25,seed=3,base=oracle").build()
+    assert (type(m), m.rate, m.seed, type(m.base)) == (MistakenJump, 0.25, "3", OracleJump)
+
+
 def test_bad_options_are_clear_errors():
     for spec, word in (("mistaken-jump:rate=2", "between 0 and 1"), ("mistaken-jump:rate=x", "number"),
                        ("mistaken-jump:base=psychic", "base"), ("oracle-jump:min_chars=few", "min_chars")):
