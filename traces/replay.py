@@ -1,0 +1,462 @@
+"""Forced replay: re-drive recorded assistant turns through the engine under paired arms.
+
+For each selected assistant turn of a session, the prompt is the session's history
+before it, rendered with the serving model's chat template (Session.turn -> the proxy
+runner, exactly as a served request), and the output is forced to the recorded
+assistant message (reasoning, text, tool calls) rendered in the model's own format
+(proxy/script.py render_turn + turn_tokens, ending with EOS). `ForcedOutput`
+(traces/forcing.py) makes each plain round emit the recorded token, so the `ordinary`
+arm spends one decode round per token as the model would, and verified proposals are
+accepted exactly where they match the record. Every arm runs the same turns on its
+own Engine over the same loaded weights (its own RAM prefix cache, so arms never warm
+each other's), interleaved per turn (turn i: arm A, arm B, ...; then turn i+1) so
+machine noise hits them alike.
+
+Measured per arm per turn: the engine's prefill and decode time, cached prompt
+tokens, tokens by provenance, rounds, verified proposed / accepted, proposer time, and
+whether the emitted tokens equal the record (from the token lists, every turn). Each
+run of supplied tokens is an intervention with D (decode avoided: its tokens x the
+ordinary arm's decode time per token on the same turn), P (what the rounds that
+carried it took beyond a plain round and their proposer time) and H (proposer time in
+those rounds). A wrong asserted intervention diverges the turn: the rest of the
+record is charged as R at the ordinary arm's decode time per token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from jumpahead.proxy.exchange import Exchange
+from jumpahead.proxy.prompt import prompt_opens_reasoning
+from jumpahead.proxy.runner import complete_turn, prepare_turn
+from jumpahead.proxy.script import ScriptedCall, ScriptTurn, render_turn, turn_tokens
+
+from .arms import BASELINE, Arm, policy_hooks
+from .session import Session, SessionMessage
+from .window import Window, WindowTooSmall, fit
+
+# Defaults sized so `jumpahead replay --arms ordinary,strict,echo` on a public session
+# takes a few minutes on this project's 2-core CPU: decode costs ~60-70 ms a token,
+# and each arm prefills its first window cold (~3 s at 1k tokens, ~9 s at 2k, ~26 s at
+# 4k on a quiet machine; BENCHMARKS.md). The brief's default window (the model's 8k
+# minus the longest output) would cost each arm minutes of cold prefill per re-anchor,
+# so the default window is 2k tokens; --max-context 0 asks for the brief's.
+DEFAULT_TURNS = 6
+DEFAULT_MAX_OUTPUT = 256
+DEFAULT_MAX_CONTEXT = 2048
+RAM_CACHE_BYTES = 1 << 30  # each arm's prefix cache (an 8k-token prefix is ~380 MB here)
+
+
+@dataclass
+class ReplayOptions:
+    arms: list[Arm]
+    turns: int | None = DEFAULT_TURNS  # the last N eligible assistant turns; None: all
+    max_context: int | None = DEFAULT_MAX_CONTEXT  # prompt tokens; None or 0: window - longest output
+    max_output_tokens: int | None = DEFAULT_MAX_OUTPUT  # longer recorded outputs are skipped
+    max_proposal: int = 16
+    cost_aware: bool = True
+    objective: str = "throughput"
+
+
+@dataclass
+class PlannedTurn:
+    index: int  # the assistant message's index in the session
+    turn: Any  # the proxy Turn (windowed)
+    prompt: list[int]
+    text: str  # the recorded output in the model's format (without EOS)
+    tokens: list[int]  # its tokens, ending with EOS
+    window: dict[str, Any] | None
+
+
+def script_turn(message: SessionMessage) -> ScriptTurn:
+    """A recorded assistant message as a script turn (proxy/script.py)."""
+    return ScriptTurn(text=message.content or "", reasoning=message.reasoning or "",
+                      tool_calls=[ScriptedCall(c.name, _arguments(c.arguments)) for c in message.tool_calls])
+
+
+def _arguments(value: Any) -> Any:
+    if isinstance(value, str):
+        import orjson
+
+        try:
+            return orjson.loads(value) if value.strip() else {}
+        except orjson.JSONDecodeError:
+            return value  # raw text arguments stay text
+    return value
+
+
+def forced_output(tokenizer: Any, message: SessionMessage, tools: list | None, in_reasoning: bool) -> tuple[str, list[int]]:
+    text = render_turn(tokenizer, script_turn(message), in_reasoning=in_reasoning, tools=tools)
+    return text, turn_tokens(tokenizer, text)
+
+
+def plan_session(session: Session, tokenizer: Any, context_length: int,
+                 options: ReplayOptions) -> tuple[list[PlannedTurn], list[dict[str, Any]], Window | None]:
+    """The turns to replay (oldest first), the ones skipped and why, and the window."""
+    tools = session.turn(session.assistant_indices()[0]).tools if session.turns else []
+    chosen: list[tuple[int, str, list[int]]] = []
+    skipped: list[dict[str, Any]] = []
+    for i in reversed(session.assistant_indices()):
+        if options.turns is not None and len(chosen) >= options.turns:
+            break
+        text, tokens = forced_output(tokenizer, session.messages[i], tools or None, False)
+        if options.max_output_tokens is not None and len(tokens) > options.max_output_tokens:
+            skipped.append({"index": i, "reason": f"output is {len(tokens)} tokens (> --max-output-tokens "
+                                                  f"{options.max_output_tokens})", "output_tokens": len(tokens)})
+            continue
+        chosen.append((i, text, tokens))
+    chosen.reverse()
+    skipped.reverse()
+    if not chosen:
+        return [], skipped, None
+    longest = max(len(t) for _, _, t in chosen)
+    limit = options.max_context or context_length - longest - 1
+    limit = min(limit, context_length - longest - 1)
+    window = Window(limit)
+    planned = []
+    for i, text, tokens in chosen:
+        try:
+            turn, prompt, dropped = fit(session, i, window, tokenizer)
+        except WindowTooSmall as exc:
+            skipped.append({"index": i, "reason": str(exc)})
+            continue
+        if prompt_opens_reasoning(tokenizer, prompt):  # the template opened the think block
+            text, tokens = forced_output(tokenizer, session.messages[i], turn.tools or None, True)
+        planned.append(PlannedTurn(i, turn, prompt, text, tokens, dropped))
+    skipped.sort(key=lambda s: s["index"])
+    used = window.anchor is not None or window.system_cut is not None
+    return planned, skipped, window if used else None
+
+
+# --- measuring one arm on one turn -------------------------------------------------------
+
+
+@dataclass
+class ArmTurn:
+    """What one arm did on one turn (the JSON's turns[].arms[ARM], plus raw data)."""
+
+    prefill_s: float
+    decode_s: float
+    cached_tokens: int
+    prompt_tokens: int
+    tokens_by_kind: dict[str, int]
+    rounds: int
+    verified: dict[str, int]
+    propose_s: float
+    policy_s: float
+    identical: bool
+    diverged: bool
+    output: list[int]
+    kinds: list[str]
+    round_sizes: list[int]  # tokens per round (the first is the prefill's first token)
+    round_s: list[float]  # per round: seconds since the previous round (0.0 for the first)
+    round_propose_s: list[float]
+    diverged_at: int | None = None
+    wrong_tokens: int = 0
+    policy_notes: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def measured_s(self) -> float:
+        return self.prefill_s + self.decode_s
+
+    def plain_round_s(self) -> float | None:
+        """Decode seconds per round (the ordinary arm: per token)."""
+        return self.decode_s / self.rounds if self.rounds else None
+
+
+def _rounds(sizes: list[int], stamps: list[float], calls: list[Any]) -> tuple[list[float], list[float]]:
+    """Per round: seconds since the previous round's first committed token, and the
+    proposer seconds spent before it (each propose call belongs to the next round)."""
+    starts, at = [], 0
+    for n in sizes:
+        starts.append(stamps[at] if at < len(stamps) else (starts[-1] if starts else 0.0))
+        at += n
+    round_s = [0.0] + [b - a for a, b in zip(starts, starts[1:])]
+    propose = [0.0] * len(starts)
+    j = 0
+    for call in sorted(calls, key=lambda c: c.at):
+        while j < len(starts) and starts[j] < call.at:
+            j += 1
+        if j < len(starts):
+            propose[j] += call.seconds
+    return round_s, propose
+
+
+async def run_arm_turn(engine: Any, arm: Arm, hooks: list[Any], plan: PlannedTurn, session_id: str) -> ArmTurn:
+    turn = copy.deepcopy(plan.turn)
+    turn.max_tokens = len(plan.tokens)
+    options = {"methods": arm.methods}
+    if arm.policy_specs or arm.hooks:
+        options["oracle_output"] = plan.text  # the agreed interface of oracle-jump (policies/jump.py)
+    turn.extra = {**turn.extra, "jumpahead": options}
+    exchange = Exchange(protocol="chat", session_id=f"replay:{session_id}:{arm.name}")
+    prepared = await asyncio.to_thread(prepare_turn, engine, turn, None, exchange, hooks)
+    probe = engine.probe(prepared.request.request_id, plan.tokens)
+    out = await complete_turn(engine, prepared)
+    if out.finish_reason == "error":
+        raise RuntimeError(f"arm {arm.name}: turn {plan.index} failed: {out.error}")
+    forced = probe.forced
+    output = list(prepared.output_tokens)
+    sizes = [n for _, n in prepared.chunk_times]
+    round_s, round_propose = _rounds(sizes, forced.stamps, probe.calls)
+    fill = out.usage.fill or {}
+    timings = prepared.timings
+    policies = exchange.notes.get("policies") or {}
+    return ArmTurn(
+        prefill_s=timings.prefill_s, decode_s=timings.decode_s, cached_tokens=out.usage.cached_tokens,
+        prompt_tokens=len(prepared.request.prompt), tokens_by_kind=dict(fill.get("tokens", {})),
+        rounds=int(fill.get("rounds", timings.rounds)), verified=dict(fill.get("verified", {})),
+        propose_s=float(fill.get("propose_ms", 0.0)) / 1000, policy_s=float(policies.get("h_ms", 0.0)) / 1000,
+        identical=output == plan.tokens, diverged=forced.diverged, output=output,
+        kinds=list(prepared.output_kinds), round_sizes=sizes, round_s=round_s, round_propose_s=round_propose,
+        diverged_at=forced.diverged_at, wrong_tokens=len(forced.wrong),
+        policy_notes=list(exchange.notes.get("interventions", [])),
+    )
+
+
+def interventions(arm: ArmTurn, plain_s: float) -> list[dict[str, Any]]:
+    """Each run of supplied tokens with its D, P and H (see the module doc)."""
+    out: list[dict[str, Any]] = []
+    round_of: list[int] = []
+    for r, n in enumerate(arm.round_sizes):
+        round_of += [r] * n
+    pos = 0
+    kinds = arm.kinds
+    while pos < len(kinds):
+        kind = kinds[pos]
+        end = pos
+        while end < len(kinds) and kinds[end] == kind:
+            end += 1
+        if kind != "sampled":
+            rounds = sorted({round_of[p] for p in range(pos, end) if p < len(round_of)})
+            good = end - pos if arm.diverged_at is None else max(0, min(end, arm.diverged_at) - pos)
+            carried = [r for r in rounds if r > 0]  # round 0 is the prefill: no plain round to compare
+            h = sum(arm.round_propose_s[r] for r in carried)
+            p = sum(arm.round_s[r] - plain_s - arm.round_propose_s[r] for r in carried)
+            item: dict[str, Any] = {"kind": kind, "at": pos, "tokens": end - pos, "rounds": len(rounds),
+                                    "D_s": round(good * plain_s, 6), "P_s": round(p, 6), "H_s": round(h, 6)}
+            if arm.diverged_at is not None and pos <= arm.diverged_at < end:
+                item["wrong"] = True
+                item["wasted_tokens"] = end - arm.diverged_at
+            out.append(item)
+        pos = end
+    return out
+
+
+def arm_json(arm: ArmTurn, plain_s: float, record_len: int) -> dict[str, Any]:
+    r_s = 0.0
+    if arm.diverged:
+        # Recovery estimate: the record after the point of divergence, decoded ordinarily.
+        r_s = (record_len - (arm.diverged_at or 0)) * plain_s
+    model_s = arm.measured_s + r_s
+    out: dict[str, Any] = {
+        "prefill_s": round(arm.prefill_s, 6), "decode_s": round(arm.decode_s, 6), "model_s": round(model_s, 6),
+        "cached_tokens": arm.cached_tokens, "prompt_tokens": arm.prompt_tokens,
+        "tokens_by_kind": arm.tokens_by_kind, "rounds": arm.rounds,
+        "verified": {"proposed": arm.verified.get("proposed", 0), "accepted": arm.verified.get("accepted", 0)},
+        "propose_s": round(arm.propose_s, 6), "identical": arm.identical, "diverged": arm.diverged,
+        "interventions": interventions(arm, plain_s),
+    }
+    if arm.policy_s:
+        out["policy_H_s"] = round(arm.policy_s, 6)
+    if arm.policy_notes:
+        out["policy_interventions"] = arm.policy_notes
+    if arm.diverged:
+        out.update(diverged_at=arm.diverged_at, wrong_tokens=arm.wrong_tokens, R_s=round(r_s, 6),
+                   measured_model_s=round(arm.measured_s, 6))
+    return out
+
+
+# --- aggregation ---------------------------------------------------------------------------
+
+
+def _add_totals(totals: dict[str, Any], entry: dict[str, Any]) -> None:
+    for key in ("prefill_s", "decode_s", "model_s"):
+        totals[key] = round(totals.get(key, 0.0) + entry[key], 6)
+    kinds = totals.setdefault("tokens_by_kind", {})
+    for kind, n in entry["tokens_by_kind"].items():
+        kinds[kind] = kinds.get(kind, 0) + n
+    for item in entry.get("interventions", []):
+        for key in ("D_s", "P_s", "H_s"):
+            totals[key] = round(totals.get(key, 0.0) + item[key], 6)
+    if "R_s" in entry:
+        totals["R_s"] = round(totals.get("R_s", 0.0) + entry["R_s"], 6)
+    totals["turns"] = totals.get("turns", 0) + 1
+    totals["identical_turns"] = totals.get("identical_turns", 0) + int(entry["identical"])
+    totals["diverged_turns"] = totals.get("diverged_turns", 0) + int(entry["diverged"])
+
+
+def ratios(totals: dict[str, dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
+    """ordinary model_s / arm model_s, and 1 - arm / ordinary, per arm."""
+    base = totals.get(BASELINE, {}).get("model_s", 0.0)
+    ratio, saved = {}, {}
+    for name, t in totals.items():
+        m = t.get("model_s", 0.0)
+        if base > 0 and m > 0:
+            ratio[name] = round(base / m, 4)
+            saved[name] = round(1 - m / base, 4)
+    return ratio, saved
+
+
+# --- the run -------------------------------------------------------------------------------
+
+
+@dataclass
+class Replayer:
+    """Arms' engines over one loaded model; replays sessions turn by turn."""
+
+    model: Any
+    tokenizer: Any
+    info: Any
+    options: ReplayOptions
+    progress: Callable[[dict[str, Any]], None] | None = None
+    warn: Callable[[str], None] | None = None
+    engines: dict[str, Any] = field(default_factory=dict)
+    hooks: dict[str, list[Any]] = field(default_factory=dict)
+    _plain: list[float] = field(default_factory=list)  # ordinary decode s/token seen so far
+
+    def start(self) -> None:
+        from jumpahead.engine.engine import EngineConfig
+
+        from .forcing import ReplayEngine
+
+        for arm in self.options.arms:
+            config = EngineConfig(max_batch=1, prefix_cache=True, prefix_cache_ssd=False,
+                                  prefix_cache_ram_bytes=RAM_CACHE_BYTES, max_proposal=self.options.max_proposal,
+                                  cost_aware=self.options.cost_aware, objective=self.options.objective)
+            engine = ReplayEngine(self.model, self.tokenizer, self.info, config)
+            if arm.spec.asserted_strict:
+                engine.strict.asserted = True
+            self.engines[arm.name] = engine
+            self.hooks[arm.name] = policy_hooks(arm, engine)
+
+    def close(self) -> None:
+        for engine in self.engines.values():
+            engine.close()
+        self.engines.clear()
+
+    def __enter__(self) -> "Replayer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def context_length(self) -> int:
+        return next(iter(self.engines.values())).context_length
+
+    def plan(self, session: Session) -> tuple[list[PlannedTurn], list[dict[str, Any]], Window | None]:
+        return plan_session(session, self.tokenizer, self.context_length, self.options)
+
+    async def replay_session(self, session: Session, planned: list[PlannedTurn], skipped: list[dict[str, Any]],
+                             window: Window | None, done: Callable[[str, PlannedTurn], None] | None = None) -> dict[str, Any]:
+        arms = self.options.arms
+        turns_out = []
+        totals: dict[str, dict[str, Any]] = {a.name: {} for a in arms}
+        for plan in planned:
+            measured: dict[str, ArmTurn] = {}
+            for arm in arms:  # interleaved: every arm on this turn before the next turn
+                if self.progress:
+                    self.progress({"session": session.id, "turn": plan.index, "arm": arm.name})
+                measured[arm.name] = await run_arm_turn(self.engines[arm.name], arm, self.hooks[arm.name], plan,
+                                                        session.id)
+                if done:
+                    done(arm.name, plan)
+            plain_s = self._plain_s(measured[BASELINE])
+            entry: dict[str, Any] = {"index": plan.index, "prompt_tokens": len(plan.prompt),
+                                     "output_tokens": len(plan.tokens), "arms": {}}
+            if plan.window is not None:
+                entry["window"] = plan.window
+            for arm in arms:
+                m = measured[arm.name]
+                entry["arms"][arm.name] = arm_json(m, plain_s, len(plan.tokens))
+                _add_totals(totals[arm.name], entry["arms"][arm.name])
+                if not m.identical and not m.diverged:
+                    self._loud(f"session {session.id} turn {plan.index}: arm {arm.name} emitted tokens that differ "
+                               f"from the record at token {_first_difference(m.output, plan.tokens)} "
+                               f"({len(m.output)} emitted, {len(plan.tokens)} recorded)")
+            turns_out.append(entry)
+        ratio, saved = ratios(totals)
+        return {
+            "id": session.id, "source": session.source, "format": session.format,
+            "turns_total": session.turns, "turns_replayed": len(turns_out),
+            "window": None if window is None else window.describe(),
+            "skipped": skipped, "turns": turns_out, "totals": totals, "ratios": ratio, "saved_share": saved,
+        }
+
+    def _plain_s(self, ordinary: ArmTurn) -> float:
+        """The ordinary arm's decode seconds per token on this turn (the median of the
+        turns so far where this turn has no decode round)."""
+        s = ordinary.plain_round_s()
+        if s is not None:
+            self._plain.append(s)
+            return s
+        return statistics.median(self._plain) if self._plain else 0.0
+
+    def _loud(self, message: str) -> None:
+        if self.warn:
+            self.warn(message)
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+NOTES = [
+    "forced replay: each turn's output is the recorded assistant message in the model's format; "
+    "plain rounds emit the recorded token, verified proposals are accepted where they match it",
+    "model_s = engine prefill_s + decode_s per turn; ratio = ordinary model_s / arm model_s",
+    "D = supplied tokens x the ordinary arm's decode s/token on the same turn; P = the rounds that carried "
+    "them beyond a plain round, less their proposer time; H = proposer time in those rounds",
+    "a diverged turn (a wrong asserted intervention) is ended there; the rest of the record is charged as "
+    "R = its tokens x the ordinary arm's decode s/token (an estimate), included in model_s",
+]
+
+
+def summarize(sessions: list[dict[str, Any]], arms: list[Arm]) -> dict[str, Any]:
+    totals: dict[str, dict[str, Any]] = {a.name: {} for a in arms}
+    for s in sessions:
+        for turn in s["turns"]:
+            for name, entry in turn["arms"].items():
+                _add_totals(totals[name], entry)
+    ratio, saved = ratios(totals)
+    return {"totals": totals, "ratios": ratio, "saved_share": saved}
+
+
+def replay(sessions: list[Session], options: ReplayOptions, loaded: tuple[Any, Any, Any],
+           progress: Callable[[dict[str, Any]], None] | None = None,
+           warn: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Replay `sessions` under `options.arms` on the loaded (model, tokenizer, info);
+    the `jumpahead.replay` JSON document."""
+    model, tokenizer, info = loaded
+    warnings: list[str] = []
+
+    def loud(message: str) -> None:
+        warnings.append(message)
+        if warn:
+            warn(message)
+
+    started = time.perf_counter()
+    with Replayer(model, tokenizer, info, options, progress=progress, warn=loud) as replayer:
+        plans = [(s, *replayer.plan(s)) for s in sessions]
+        reports = [asyncio.run(replayer.replay_session(s, p, sk, w)) for s, p, sk, w in plans]
+    doc = {
+        "kind": "jumpahead.replay", "version": 1, "model": str(getattr(info, "name", "") or ""),
+        "arms": [a.name for a in options.arms],
+        "options": {"turns": options.turns, "max_context": options.max_context,
+                    "max_output_tokens": options.max_output_tokens, "objective": options.objective,
+                    "cost_aware": options.cost_aware, "max_proposal": options.max_proposal},
+        "notes": NOTES, "sessions": reports, "summary": summarize(reports, options.arms),
+        "warnings": warnings, "wall_s": round(time.perf_counter() - started, 3),
+    }
+    return doc
