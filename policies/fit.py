@@ -13,7 +13,10 @@ the window or 1024, whichever is more). Steps, applied in order until the prompt
 5. `cut-middle`: the leading system messages, the first user message and the newest
    messages that fit are kept; a note `[N earlier messages omitted ...]` stands for
    the rest; a tool call and its results are never split;
-6. `clip`: long messages keep their head and tail.
+6. `clip`: long texts (content, reasoning, string arguments of tool calls) of the
+   messages between the head and the last turn keep their head and tail;
+7. `clip-head`: the system messages and the first user message too;
+8. `clip-last`: the last turn's messages too (a huge pending tool result).
 
 Sticky: the steps a session needed stay applied at its later turns (each is a pure
 function of the history, and the cut only moves later), so consecutive turns share a
@@ -26,17 +29,21 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from .api import Policy, RequestContext
 from .compaction import placeholder
 from .sticky import int_option, last_turn_start, message_identity, render, with_messages
 
 if TYPE_CHECKING:
-    from jumpahead.proxy.turn import Message, Tool, Turn
+    from jumpahead.proxy.turn import Message, Tool, ToolCall, Turn
 
 log = logging.getLogger(__name__)
 
-STEPS = ("mask", "clear-thinking", "short-tools", "bare-tools", "cut-middle", "clip")
+STEPS = ("mask", "clear-thinking", "short-tools", "bare-tools", "cut-middle", "clip", "clip-head", "clip-last")
 _MIN_MASK_CHARS = 120  # shorter results are about as long as their placeholder
+_MIN_CLIP = 512  # characters a clipped message keeps at least (head and tail)
+_OMITTED = "earlier messages omitted to fit the model's context"
 
 
 def reserve_for(turn: "Turn", context_length: int, reserve: int | None = None) -> int:
@@ -60,7 +67,7 @@ class Fit(Policy):
     def on_request(self, ctx: RequestContext) -> "Turn | None":
         turn = ctx.turn
         limit = ctx.context_length - reserve_for(turn, ctx.context_length, self.reserve)
-        memo = ctx.session.memo.setdefault("fit", {"level": 0, "cut": None, "clip": None})
+        memo = ctx.session.memo.setdefault("fit", {"level": 0, "cut": None})
         if memo["level"] == 0 and _surely_fits(turn, limit):
             return None
         size = len(render(ctx.tokenizer, turn))
@@ -119,7 +126,7 @@ class Fit(Policy):
             return dataclasses.replace(turn, tools=[shorten_tool(t, bare) for t in turn.tools])
         if step == "cut-middle":
             return self._cut_middle(ctx, turn, limit, memo)
-        return self._clip(ctx, turn, limit, memo)
+        return self._clip(ctx, turn, limit, memo, step)
 
     def _cut_middle(self, ctx: RequestContext, turn: "Turn", limit: int, memo: dict[str, Any]) -> "Turn":
         messages = turn.messages
@@ -156,16 +163,27 @@ class Fit(Policy):
         memo["cut"] = {"first_kept": message_identity(originals[start]), "omitted": start - head}
         return cut(lo)
 
-    def _clip(self, ctx: RequestContext, turn: "Turn", limit: int, memo: dict[str, Any]) -> "Turn":
-        """Long message texts keep their head and tail, the budget halved until it fits
-        (the budget is remembered: later turns clip at least as much)."""
-        budget = memo["clip"] or max(len(m.content or "") for m in turn.messages)
+    def _clip(self, ctx: RequestContext, turn: "Turn", limit: int, memo: dict[str, Any], step: str) -> "Turn":
+        """Long texts keep their head and tail, the budget (characters per text, at least
+        _MIN_CLIP) halved until the prompt fits. Each step remembers its budget (later
+        turns clip the same messages the same way), except `clip-last`: the last turn
+        changes every turn."""
+        messages = turn.messages
+        head, last = _head_length(messages), last_turn_start(messages)
+        lo, hi = {"clip": (head, last), "clip-head": (0, head), "clip-last": (last, len(messages))}[step]
+        if lo >= hi:
+            return turn
+        lengths = [max(len(m.content or ""), len(m.reasoning or ""), *(len(c.arguments) for c in m.tool_calls))
+                   for m in messages[lo:hi]]
+        budget = (memo.get(step) if step != "clip-last" else None) or max(max(lengths), _MIN_CLIP)
         while True:
-            clipped = with_messages(turn, [_clip_message(m, budget) for m in turn.messages])
-            if len(render(ctx.tokenizer, clipped)) <= limit or budget <= 256:
-                memo["clip"] = budget
-                return clipped
-            budget //= 2
+            part = [_clip_message(m, budget) for m in messages[lo:hi]]
+            clipped = with_messages(turn, [*messages[:lo], *part, *messages[hi:]])
+            if len(render(ctx.tokenizer, clipped)) <= limit or budget <= _MIN_CLIP:
+                if step != "clip-last":
+                    memo[step] = budget
+                return clipped if clipped.messages != messages else turn
+            budget = max(_MIN_CLIP, budget // 2)
 
 
 def shorten_tool(tool: "Tool", bare: bool) -> "Tool":
@@ -223,17 +241,55 @@ def _omit(turn: "Turn", head: int, start: int) -> "Turn":
     omitted = start - head
     if omitted <= 0:
         return turn
-    note = Message("user", f"[{omitted} earlier messages omitted to fit the model's context]")
+    note = Message("user", f"[{omitted} {_OMITTED}]")
     return with_messages(turn, [*turn.messages[:head], note, *turn.messages[start:]])
 
 
 def _clip_message(message: "Message", budget: int) -> "Message":
+    """The message with its text, reasoning and long string arguments of its tool calls
+    cut to their head and tail (ids, names and argument keys stay)."""
+    changes: dict[str, Any] = {}
     content = message.content or ""
-    if len(content) <= budget:
-        return message
+    if _OMITTED not in content[:80]:  # the cut's own note stays
+        clipped = _clip_middle(content, budget)
+        if clipped is not content:
+            changes["content"] = clipped
+    if message.reasoning:
+        clipped = _clip_middle(message.reasoning, budget)
+        if clipped is not message.reasoning:
+            changes["reasoning"] = clipped
+    calls = [_clip_call(c, budget) for c in message.tool_calls]
+    if any(a is not b for a, b in zip(calls, message.tool_calls)):
+        changes["tool_calls"] = calls
+    return dataclasses.replace(message, **changes) if changes else message
+
+
+def _clip_middle(text: str, budget: int) -> str:
+    """`text` itself where clipping gains little, else its head and tail."""
+    if len(text) <= budget + 64:
+        return text
     keep = budget // 2
-    omitted = len(content) - 2 * keep
-    return dataclasses.replace(message, content=f"{content[:keep]}\n[... {omitted} chars omitted ...]\n{content[-keep:]}")
+    return f"{text[:keep]}\n[... {len(text) - 2 * keep} chars omitted ...]\n{text[-keep:]}"
+
+
+def _clip_call(call: "ToolCall", budget: int) -> "ToolCall":
+    if len(call.arguments) <= budget + 64:
+        return call
+    try:
+        args = orjson.loads(call.arguments)
+    except orjson.JSONDecodeError:
+        return dataclasses.replace(call, arguments=_clip_middle(call.arguments, budget))
+
+    def clip(value: Any) -> Any:
+        if isinstance(value, str):
+            return _clip_middle(value, budget)
+        if isinstance(value, dict):
+            return {k: clip(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [clip(v) for v in value]
+        return value
+
+    return dataclasses.replace(call, arguments=orjson.dumps(clip(args)).decode())
 
 
 def _surely_fits(turn: "Turn", limit: int) -> bool:

@@ -1,0 +1,214 @@
+"""`fit`: prompts over the window shrink, cheapest step first, the same way each turn.
+
+The captured Claude Code request (~20k tokens under the default model's template)
+goes through `Fit.on_request` with the real tokenizer, and through the real server
+(`jumpahead serve` as a subprocess) on the embedded default model, where fit is on by
+default: a 200 answer whose usage says fit was applied; with `--no-fit` or a user
+model path the same request gets 400 context_length_exceeded. A long public session
+runs turn after turn under an 8k window: every prompt fits, no tool call is split from
+its result, and consecutive prompts keep sharing a prefix (the cut is sticky).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from jumpahead.policies.api import RequestContext, SessionState
+from jumpahead.policies.fit import STEPS, Fit, reserve_for, shorten_tool
+from jumpahead.proxy.prompt import render_prompt
+from jumpahead.proxy.turn import Message, Tool, Turn
+
+from .policy_sessions import SESSIONS, SHARED, common_prefix, default_tokenizer, load_public, snapshot
+from .serving import free_port, interrupt
+
+CLAUDE_CODE = SHARED / "fixtures" / "clients" / "claude-code" / "001_POST_v1_messages.json"
+
+
+def claude_code_body() -> dict[str, Any]:
+    if not CLAUDE_CODE.exists():
+        pytest.skip(f"{CLAUDE_CODE} is absent: this test reads the captured Claude Code request from ../shared")
+    return json.loads(CLAUDE_CODE.read_text())["body"]
+
+
+def test_claude_code_request_fits_the_default_window() -> None:
+    from jumpahead.proxy.anthropic_messages import parse_messages_request
+
+    tokenizer = default_tokenizer()
+    turn = parse_messages_request(claude_code_body())
+    before = snapshot(turn)
+    size = len(render_prompt(tokenizer, turn))
+    state = SessionState("cc")
+    ctx = RequestContext(turn=turn, session=state, tokenizer=tokenizer, context_length=8192)
+    out = Fit().on_request(ctx)
+    assert turn == before, "fit mutated its input"
+    note = ctx.notes[0]
+    limit = 8192 - reserve_for(turn, 8192)
+    assert out is not None and note["fitted"] and note["tokens_before"] == size > 8192
+    assert len(render_prompt(tokenizer, out)) == note["tokens_after"] <= limit
+    # the cheapest steps that suffice: this request has no history to mask or cut
+    assert note["steps"] == ["short-tools", "bare-tools"]
+    assert out.messages == turn.messages
+    for old, new in zip(turn.tools, out.tools):  # names and parameter schemas kept
+        assert new.name == old.name and len(new.description) <= 80
+        assert (new.parameters or {}).get("properties", {}).keys() == (old.parameters or {}).get("properties", {}).keys()
+        assert (new.parameters or {}).get("required") == (old.parameters or {}).get("required")
+    # sticky: the same request again gets the same prompt, byte for byte
+    again = RequestContext(turn=parse_messages_request(claude_code_body()), session=state, tokenizer=tokenizer,
+                           context_length=8192)
+    assert Fit().on_request(again) == out
+    print(f"\nClaude Code request: {size} -> {note['tokens_after']} prompt tokens (limit {limit}) by {note['steps']}")
+
+
+def test_a_prompt_that_fits_is_left_alone() -> None:
+    tokenizer = default_tokenizer()
+    turn = Turn(messages=[Message("user", "hello")], tools=[Tool("f", "A tool. " * 20, {"type": "object"})])
+    ctx = RequestContext(turn=turn, session=SessionState("s"), tokenizer=tokenizer, context_length=8192)
+    assert Fit().on_request(ctx) is None and ctx.notes == []
+
+
+def test_shorten_tool_keeps_name_and_schema_shape() -> None:
+    tool = Tool("Edit", "Edit a file. Replaces text exactly. " * 10,
+                {"$schema": "x", "type": "object", "properties": {"path": {"type": "string", "description": "p" * 300}},
+                 "required": ["path"]})
+    short = shorten_tool(tool, bare=False)
+    assert short.description == "Edit a file." and len(short.parameters["properties"]["path"]["description"]) <= 100
+    bare = shorten_tool(tool, bare=True)
+    assert bare.parameters == {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+    assert tool.parameters["properties"]["path"]["description"] == "p" * 300  # the original is untouched
+
+
+def test_reserve_is_capped() -> None:
+    assert reserve_for(Turn(messages=[], max_tokens=32000), 8192) == 1024
+    assert reserve_for(Turn(messages=[], max_tokens=None), 8192) == 1024
+    assert reserve_for(Turn(messages=[], max_tokens=3000), 65536) == 3000
+    assert reserve_for(Turn(messages=[]), 8192, 500) == 500
+
+
+@pytest.mark.parametrize("name", SESSIONS[:3])
+def test_long_session_fits_turn_after_turn_with_a_sticky_cut(name: str) -> None:
+    """24 consecutive turns of a long public session under the 8k window (far over it)."""
+    session = load_public(name)
+    tokenizer = default_tokenizer()
+    turns = [i for i in session.assistant_indices() if len(session.context_indices(i)) > 10][:24]
+    state = SessionState(session.id)
+    previous: list[int] | None = None
+    shared, cuts, fitted, prefilled, total = [], 0, 0, 0, 0
+    for i in turns:
+        turn = session.turn(i)
+        ctx = RequestContext(turn=turn, session=state, tokenizer=tokenizer, context_length=8192)
+        out = Fit().on_request(ctx) or turn
+        note = ctx.notes[0] if ctx.notes else None
+        ids = render_prompt(tokenizer, out)
+        if note is None:
+            assert len(ids) <= 8192 - reserve_for(turn, 8192)
+        else:
+            assert note["fitted"], note
+            assert len(ids) == note["tokens_after"] <= note["limit"]
+            fitted += 1
+        # the head (system, first user message) and the pending instruction kept
+        first_user = next(m for m in turn.messages if m.role == "user")
+        if note is None or "clip-head" not in note["steps"]:
+            assert first_user in out.messages
+        if note is None or "clip-last" not in note["steps"]:
+            assert out.messages[-1] == turn.messages[-1]
+        # no tool call without its result, no result without its call
+        open_calls: set[str] = set()
+        for m in out.messages:
+            if m.role == "assistant":
+                assert not open_calls, "a tool call lost its result"
+                open_calls = {c.id for c in m.tool_calls}
+            elif m.role == "tool":
+                assert m.tool_call_id in open_calls, "a tool result without its call"
+                open_calls.discard(m.tool_call_id)
+        if note is not None and "cut-middle" in note["steps"]:
+            omitted = next(m for m in out.messages if m.content and "earlier messages omitted" in m.content)
+            assert omitted.content.startswith(f"[{note['omitted_messages']} earlier messages omitted")
+        if previous is not None:
+            common = common_prefix(previous, ids)
+            shared.append(common / len(previous))
+            cuts += shared[-1] < 0.5
+            prefilled += len(ids) - common  # what a prefix cache holding the previous prompt leaves to prefill
+            total += len(ids)
+        previous = ids
+    print(f"\n{name}: {len(turns)} turns, {fitted} shrunk by fit; prompts share "
+          f"{sum(shared) / len(shared):.0%} of the previous prompt on average; {cuts} large prefix breaks; "
+          f"{prefilled} of {total} prompt tokens left to prefill after the previous prompt ({prefilled / total:.0%})")
+    assert fitted > 0
+    # sticky: most of each prompt is the previous prompt's prefix (a cut that moved
+    # every turn would leave nearly all of it to prefill)
+    assert prefilled < 0.5 * total
+
+
+def test_steps_are_in_cost_order() -> None:
+    assert STEPS == ("mask", "clear-thinking", "short-tools", "bare-tools", "cut-middle", "clip", "clip-head", "clip-last")
+
+
+# --- the real server on the embedded default model --------------------------------------
+
+def _start(args: list[str], tmp: Path) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jumpahead.proxy.cli", "serve", "--port", str(port), "--max-batch", "2",
+         "--log-level", "warning", "--no-ssd-cache", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=tmp)
+    return proc, port
+
+
+def _wait(proc: subprocess.Popen, port: int) -> str:
+    deadline = time.monotonic() + 240
+    while True:
+        assert proc.poll() is None, proc.stdout.read()
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+            return f"http://127.0.0.1:{port}"
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.3)
+
+
+def test_claude_code_request_through_the_real_server(tmp_path: Path) -> None:
+    """Fit on by default for the embedded model: 200; --no-fit or a user model: 400."""
+    anthropic = pytest.importorskip("anthropic")
+    from jumpahead.engine.default_model import ensure_default_model
+
+    body = claude_code_body()
+    body.update(stream=False, max_tokens=4)
+    model_path = str(ensure_default_model(progress=lambda s: None))
+    servers = {"default": _start([], tmp_path), "no-fit": _start(["--no-fit"], tmp_path),
+               "user-model": _start(["--model", model_path], tmp_path)}
+    try:
+        urls = {k: _wait(proc, port) for k, (proc, port) in servers.items()}
+        for kind in ("no-fit", "user-model"):
+            r = httpx.post(f"{urls[kind]}/v1/messages", json=body, timeout=120)
+            assert r.status_code == 400, (kind, r.text[:300])
+            error = r.json()["error"]
+            assert "context" in error["message"], error
+            assert "context_length_exceeded" in r.text
+        client = anthropic.Anthropic(base_url=urls["default"], api_key="x", max_retries=0, timeout=600)
+        extra = {k: v for k, v in body.items() if k not in ("model", "messages", "system", "tools", "max_tokens",
+                                                             "stream", "metadata")}
+        t0 = time.monotonic()
+        answer = client.messages.create(model=body["model"], messages=body["messages"], system=body["system"],
+                                        tools=body["tools"], max_tokens=4, metadata=body.get("metadata"),
+                                        extra_body=extra)
+        elapsed = time.monotonic() - t0
+        usage = answer.model_dump()["usage"]
+        fit = next(i for i in usage["fill"]["policies"]["interventions"] if i["policy"] == "fit")
+        assert fit["fitted"] and fit["tokens_before"] > 8192 and fit["tokens_after"] <= fit["limit"]
+        assert usage["input_tokens"] + usage["cache_read_input_tokens"] == fit["tokens_after"]
+        print(f"\nClaude Code request on the default server: {fit['tokens_before']} -> {fit['tokens_after']} "
+              f"prompt tokens by {fit['steps']}, answered in {elapsed:.1f}s")
+    finally:
+        for proc, _ in servers.values():
+            if proc.poll() is None:
+                interrupt(proc, timeout=30)
