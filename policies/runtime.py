@@ -407,6 +407,10 @@ def engine_generator(engine: Any, temperature: float = 0.0) -> Callable[[str, in
     from jumpahead.engine.types import GenerationRequest, SamplingParams
 
     def generate(prompt_text: str, max_tokens: int) -> str:
+        if threading.current_thread().name == "jumpahead-engine":
+            # a boundary hook runs on the engine thread: waiting for the engine there hangs it
+            raise RuntimeError("generate() cannot run inside a boundary hook (the engine thread); "
+                               "call it from on_request")
         ids = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt_text}],
                                                    add_generation_prompt=True, tokenize=True)
         if hasattr(ids, "input_ids"):

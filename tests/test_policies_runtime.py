@@ -63,10 +63,11 @@ POLICIES = textwrap.dedent('''
         it wants, asserts the rest of that call (and its end marker) as jump tokens."""
         name = "calljump"
 
-        def __init__(self, city="Paris", unit="celsius", close="true", **options):
+        def __init__(self, city="Paris", unit="celsius", close="true", verified="false", **options):
             super().__init__(**options)
             self.arguments = {"city": city, "unit": unit}
             self.close = close == "true"
+            self.verified = verified == "true"
             self.seen = []
 
         def on_boundary(self, event):
@@ -77,11 +78,23 @@ POLICIES = textwrap.dedent('''
             if call.startswith(event.call_text):
                 self.seen.append("jumped")
                 rest = call[len(event.call_text):] + ("\\n</tool_call>" if self.close else "")
-                return Intervention(text=rest, label="weather call")
+                return Intervention(text=rest, label="weather call", verified=self.verified)
             return None
 
         def on_result(self, result):
             result.session.memo["calljump_seen"] = list(self.seen)
+
+    class Copier(Policy):
+        """At the call's opening, copies the JSON call line the user wrote, with its source span."""
+        name = "copier"
+
+        def on_tool_call_opened(self, event):
+            start = event.context_text.rfind('\\n{"name"')  # the call as the grammar wants it: after a newline
+            end = event.context_text.find("}}", start) + 2
+            if start < 0 or end < 2 or not event.context_text[start:end].startswith(event.call_text):
+                return None
+            start += len(event.call_text)  # what the model already wrote of it
+            return Intervention(text=event.context_text[start:end], source=(start, end), label="copied call")
 
     class Opener(Policy):
         """Offers a proposer that asserts the tool-call start marker as the first tokens."""
@@ -182,7 +195,8 @@ class Capture:
 
     def after_turn(self, exchange, prepared, out):
         self.turns.append({"prompt": list(prepared.request.prompt), "tokens": list(prepared.output_tokens),
-                           "kinds": list(prepared.output_kinds), "notes": dict(exchange.notes), "out": out})
+                           "kinds": list(prepared.output_kinds), "sources": list(prepared.output_sources),
+                           "notes": dict(exchange.notes), "out": out})
 
 
 def _fill(usage) -> dict:
@@ -496,3 +510,61 @@ def test_serve_with_policy_config_and_flag(tmp_path, policy_dir):
         assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).json()["policies"]["requests"] == 1
     finally:
         interrupt(proc, timeout=30)
+
+
+def test_verified_jump_keeps_ordinary_decoding(engine, loaded_model, policy_dir):
+    """A verified intervention is checked token by token: the answer equals the one
+    without the policy, the tokens the model agreed with are kind "jump"."""
+    body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 60, "temperature": 0,
+            "tools": [WEATHER_CHAT], "tool_choice": "required", **NO_STRICT}
+    capture = Capture()
+    with serve(engine, hooks=[_hooks(engine, f"{MODULE}:CallJump:verified=true,city=Paris,unit=celsius"), capture]) as url:
+        r = httpx.post(f"{url}/v1/chat/completions", timeout=300, json=body).json()
+    with serve(engine, hooks=[_hooks(engine), capture]) as url:
+        plain = httpx.post(f"{url}/v1/chat/completions", timeout=300, json=body).json()
+    jumped, base = capture.turns
+    (iv,) = r["usage"]["fill"]["policies"]["interventions"]
+    assert iv["verified"] is True and iv["kind"] == "jump" and 0 < iv["emitted"] <= iv["tokens"]
+    assert jumped["kinds"].count("jump") == iv["emitted"] == r["usage"]["fill"]["tokens"]["jump"]
+    assert r["usage"]["fill"]["verified"]["accepted"] == iv["emitted"]
+    assert_same_or_near_tie(loaded_model[0], base["prompt"], jumped["tokens"], base["tokens"])
+    assert r["choices"][0]["message"]["tool_calls"][0]["function"] == plain["choices"][0]["message"]["tool_calls"][0]["function"]
+
+
+def test_jump_copied_from_the_context_carries_its_source(engine, policy_dir):
+    call = json.dumps({"name": "get_weather", "arguments": {"city": "Lyon", "unit": "kelvin"}})
+    capture = Capture()
+    with serve(engine, hooks=[_hooks(engine, f"{MODULE}:Copier"), capture]) as url:
+        chat = _chat(url, messages=[{"role": "user", "content": f"Make exactly this call:\n{call}\nThanks."}],
+                     max_tokens=60, tools=[WEATHER_CHAT], tool_choice="required", extra_body=NO_STRICT)
+    (tool_call,) = chat.choices[0].message.tool_calls
+    assert json.loads(tool_call.function.arguments) == {"city": "Lyon", "unit": "kelvin"}
+    turn = capture.turns[0]
+    (iv,) = turn["notes"]["interventions"]
+    a, b = iv["source_tokens"]
+    assert iv["emitted"] == iv["tokens"] == b - a > 10
+    # the tokens are the context's own, and each token's provenance points at its copy
+    jump = slice(iv["at"], iv["at"] + iv["tokens"])
+    assert turn["tokens"][jump] == turn["prompt"][a:b]
+    assert turn["sources"][jump] == list(range(a, b))
+
+
+def test_policies_report_in_streams(engine, policy_dir):
+    hooks = _hooks(engine, f"{MODULE}:Counter")
+    with serve(engine, hooks=[hooks]) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        chunks = list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}],
+                                                     max_tokens=2, stream=True, stream_options={"include_usage": True}))
+        assert _fill(chunks[-1].usage)["policies"]["active"] == ["counter"]
+        with httpx.stream("POST", f"{url}/v1/messages", timeout=300, json={
+                "model": "m", "max_tokens": 2, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}) as r:
+            text = "".join(r.iter_text())
+        delta = next(json.loads(line[6:]) for line in text.splitlines()
+                     if line.startswith("data: ") and '"message_delta"' in line)
+        assert delta["usage"]["fill"]["policies"]["active"] == ["counter"]
+        with httpx.stream("POST", f"{url}/v1/responses", timeout=300, json={
+                "model": "m", "max_output_tokens": 2, "stream": True, "input": "Hi"}) as r:
+            text = "".join(r.iter_text())
+        done = next(json.loads(line[6:]) for line in text.splitlines()
+                    if line.startswith("data: ") and ('"response.completed"' in line or '"response.incomplete"' in line))
+        assert done["response"]["usage"]["fill"]["policies"]["active"] == ["counter"]
