@@ -11,7 +11,7 @@ the window or 1024, whichever is more). Steps, applied in order until the prompt
 4. `bare-tools`: tool descriptions cut to 80 characters, schema descriptions (and
    `$schema` tags) dropped;
 5. `cut-middle`: the leading system messages, the first user message and the newest
-   messages that fit are kept; a note `[N earlier messages omitted ...]` stands for
+   messages that fit are kept (a last turn over half the room is clipped first); a note `[N earlier messages omitted ...]` stands for
    the rest; a tool call and its results are never split;
 6. `clip`: long texts (content, reasoning, string arguments of tool calls) of the
    messages between the head and the last turn keep their head and tail;
@@ -63,6 +63,7 @@ class Fit(Policy):
     def __init__(self, **options: str) -> None:
         super().__init__(**options)
         self.reserve = int_option(self.options, "reserve", 0) if "reserve" in self.options else None
+        self._clipped_last = False
 
     def on_request(self, ctx: RequestContext) -> "Turn | None":
         turn = ctx.turn
@@ -82,7 +83,11 @@ class Fit(Policy):
             shrunk = self._apply(step, ctx, current, limit, memo)
             level += 1
             if shrunk is not current:  # a step with nothing to do costs no render
-                applied.append(step)
+                if step != "cut-middle" or any(_OMITTED in (m.content or "")[:80] for m in shrunk.messages):
+                    applied.append(step)
+                if self._clipped_last:  # the cut clipped a huge last turn first
+                    applied.append("clip-last")
+                    self._clipped_last = False
                 current = shrunk
                 size = len(render(ctx.tokenizer, current))
         memo["level"] = max(memo["level"], level)
@@ -137,6 +142,8 @@ class Fit(Policy):
         starts = [i for i in range(head, len(messages)) if messages[i].role != "tool"]
         if not starts:
             return turn
+        turn = self._shrink_huge_last_turn(ctx, turn, head, limit, memo)
+        messages = turn.messages
         previous = memo["cut"]
         floor = 0  # the cut only moves later: start no earlier than last time
         if previous is not None:
@@ -162,6 +169,25 @@ class Fit(Policy):
             return turn
         memo["cut"] = {"first_kept": message_identity(originals[start]), "omitted": start - head}
         return cut(lo)
+
+    def _shrink_huge_last_turn(self, ctx: RequestContext, turn: "Turn", head: int, limit: int,
+                               memo: dict[str, Any]) -> "Turn":
+        """A last turn larger than half the room (a big file read) is clipped to half
+        before the cut is placed: else the cut would drop the whole history for it, and
+        at the next turn (that result masked) the history would be needlessly gone."""
+        messages = turn.messages
+        last = last_turn_start(messages)
+        if last <= head:
+            return turn
+        fixed = len(render(ctx.tokenizer, _omit(turn, head, len(messages))))
+        core = _omit(turn, head, last)  # the head, the note, the last turn
+        half = (limit - fixed) // 2
+        if len(render(ctx.tokenizer, core)) - fixed <= half:
+            return turn
+        clipped = self._clip(ctx, core, fixed + half, memo, "clip-last")
+        k = len(messages) - last
+        self._clipped_last = clipped is not core
+        return with_messages(turn, [*messages[:last], *clipped.messages[-k:]]) if self._clipped_last else turn
 
     def _clip(self, ctx: RequestContext, turn: "Turn", limit: int, memo: dict[str, Any], step: str) -> "Turn":
         """Long texts keep their head and tail, the budget (characters per text, at least
