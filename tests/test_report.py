@@ -178,7 +178,43 @@ def test_report_from_traces_analyze_json(tmp_path):
     assert len(points["x"]) == sum(1 for c in s["calls"] if c["tokens"] > 0)
 
 
-def test_report_from_a_real_replay_run(tmp_path):
-    if "replay" not in COMMANDS:
-        pytest.skip("`jumpahead replay` is not there yet")
-    pytest.skip("wired once the replay command's arguments are settled")
+@pytest.mark.slow
+def test_report_from_a_real_replay_run(tmp_path, loaded_model):
+    """A real forced replay (traces/replay.py, ordinary vs echo) of one turn, then the report.
+
+    Slow: two engines each prefill and force ~60 tokens (about 2-3 minutes on the shared
+    2-core machine)."""
+    try:
+        from jumpahead.traces.arms import parse_arms
+        from jumpahead.traces.replay import ReplayOptions, replay
+    except ImportError:
+        pytest.skip("the forced replay (traces/replay.py) is not there yet")
+    body = "\n".join(f"total_{i} = price_{i} * count_{i}" for i in range(4))
+    session = Session("tiny-replay", "test", [
+        SessionMessage("user", "Copy totals.py to out.py"),
+        SessionMessage("assistant", tool_calls=[SessionToolCall("read", {"path": "totals.py"}, id="c1")]),
+        SessionMessage("tool", body, tool_call_id="c1", name="read"),
+        SessionMessage("assistant", tool_calls=[SessionToolCall("write", {"path": "out.py", "content": body}, id="c2")]),
+    ])
+    doc = replay([session], ReplayOptions(arms=parse_arms("ordinary,echo"), turns=1, max_context=512,
+                                          max_output_tokens=128), loaded_model)
+    (s,) = doc["sessions"]
+    assert s["turns_replayed"] == 1
+    path = tmp_path / "replay.json"
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "replay-report.html"
+    proc = jumpahead("report", str(path), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    check_page(out.read_text())
+    figs = json.loads(out.with_suffix(".json").read_text())["figures"]
+    bars = {t["name"]: t for t in figs["time-per-arm"]["data"]}
+    assert bars["decode"]["x"] == ["ordinary", "echo"]
+    totals = doc["summary"]["totals"]
+    assert bars["decode"]["y"] == pytest.approx([totals["ordinary"]["decode_s"], totals["echo"]["decode_s"]])
+    (turn,) = s["turns"]
+    (line,) = figs["saving-per-turn"]["data"]
+    expected = 1 - turn["arms"]["echo"]["model_s"] / turn["arms"]["ordinary"]["model_s"]
+    assert line["name"] == "echo" and line["y"] == pytest.approx([expected])
+    prov = {t["name"]: t["y"] for t in figs["tokens-by-provenance"]["data"]}
+    assert sum(v[1] for v in prov.values()) == sum(totals["echo"]["tokens_by_kind"].values())
+    assert prov.get("echo", [0, 0])[1] > 0  # the written body is echoed from the read result
