@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("jumpahead.proxy.bench", "run a benchmark and print JSON (decode, fill, cache, attention)"),
     "report": ("jumpahead.traces.report", "build an HTML report from replay/analysis JSON"),
     "traces": ("jumpahead.traces.command", "import and analyse agent sessions"),
+    "replay": ("jumpahead.traces.replay_command",
+               "replay recorded sessions under paired arms (forced) or to a real client (--live)"),
 }
 
 

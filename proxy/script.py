@@ -233,16 +233,23 @@ def _matches(out: TurnOutput, turn: ScriptTurn) -> bool:
 
 
 def render_turn(tokenizer: Any, turn: ScriptTurn, *, in_reasoning: bool = False,
-                tools: list[Tool] | None = None) -> str:
+                tools: list[Tool] | None = None, prefer_template: bool = False) -> str:
     """The turn as the model would write it (without the EOS token).
 
     Tool calls are written in the `<tool_call>` JSON form; when the tokenizer's parser
     does not read that form back, the chat template's own rendering is used instead.
+    `prefer_template`: the template's rendering first (byte for byte what the model
+    sees of its own earlier calls in the history; forced replay uses it so a recorded
+    call has the tokens the template gives it, `", "` separators included).
     """
     head = _reasoning_text(tokenizer, turn, in_reasoning) + turn.text
     if not turn.tool_calls:
         return head
     sep = "\n" if turn.text else ""
+    if prefer_template and tools:
+        templated = _template_calls(tokenizer, turn, tools)
+        if templated is not None and _matches(_parsed(tokenizer, head + sep + templated, tools, in_reasoning), turn):
+            return head + sep + templated
     text = head + sep + _json_calls(tokenizer, turn)
     if not tools:
         log.warning("scripted turn has tool calls but the request offers no tools: they arrive as text")

@@ -92,8 +92,47 @@ def _arguments(value: Any) -> Any:
 
 
 def forced_output(tokenizer: Any, message: SessionMessage, tools: list | None, in_reasoning: bool) -> tuple[str, list[int]]:
-    text = render_turn(tokenizer, script_turn(message), in_reasoning=in_reasoning, tools=tools)
+    text = render_turn(tokenizer, script_turn(message), in_reasoning=in_reasoning, tools=tools, prefer_template=True)
     return text, turn_tokens(tokenizer, text)
+
+
+_JSON_TYPES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (list, "array"),
+               (dict, "object"), (type(None), "null"))
+
+
+def inferred_tools(session: Session) -> list[dict[str, Any]]:
+    """OpenAI function tools read off the session's own calls, for sessions whose format
+    does not record the tools offered (the agent did offer them: the prompt should
+    carry their definitions and strict fill should know their names and keys). Each
+    argument key gets the JSON types seen; keys in every call are required."""
+    seen: dict[str, list[Any]] = {}
+    for m in session.messages:
+        for c in m.tool_calls:
+            seen.setdefault(c.name, []).append(_arguments(c.arguments))
+    tools = []
+    for name, calls in seen.items():
+        objects = [a for a in calls if isinstance(a, dict)]
+        props: dict[str, Any] = {}
+        for a in objects:
+            for key, value in a.items():
+                kind = next(t for cls, t in _JSON_TYPES if isinstance(value, cls))
+                types = props.setdefault(key, [])
+                if kind not in types:
+                    types.append(kind)
+        required = [k for k in props if objects and all(k in a for a in objects)]
+        schema = {"type": "object", "properties": {k: {"type": t[0] if len(t) == 1 else t} for k, t in props.items()},
+                  "required": required}
+        tools.append({"type": "function", "function": {"name": name, "description": "", "parameters": schema}})
+    return tools
+
+
+def with_tools(session: Session) -> tuple[Session, bool]:
+    """The session with its tools, inferred from its calls where the format has none."""
+    if session.tools or not session.tool_call_count:
+        return session, False
+    import dataclasses
+
+    return dataclasses.replace(session, tools=inferred_tools(session)), True
 
 
 def plan_session(session: Session, tokenizer: Any, context_length: int,
@@ -315,7 +354,7 @@ class Replayer:
     tokenizer: Any
     info: Any
     options: ReplayOptions
-    progress: Callable[[dict[str, Any]], None] | None = None
+    progress: Any = None  # traces/progress.py Progress (begin / advance)
     warn: Callable[[str], None] | None = None
     engines: dict[str, Any] = field(default_factory=dict)
     hooks: dict[str, list[Any]] = field(default_factory=dict)
@@ -353,22 +392,23 @@ class Replayer:
         return next(iter(self.engines.values())).context_length
 
     def plan(self, session: Session) -> tuple[list[PlannedTurn], list[dict[str, Any]], Window | None]:
-        return plan_session(session, self.tokenizer, self.context_length, self.options)
+        return plan_session(with_tools(session)[0], self.tokenizer, self.context_length, self.options)
 
     async def replay_session(self, session: Session, planned: list[PlannedTurn], skipped: list[dict[str, Any]],
-                             window: Window | None, done: Callable[[str, PlannedTurn], None] | None = None) -> dict[str, Any]:
+                             window: Window | None) -> dict[str, Any]:
         arms = self.options.arms
+        session, tools_inferred = with_tools(session)
         turns_out = []
         totals: dict[str, dict[str, Any]] = {a.name: {} for a in arms}
         for plan in planned:
             measured: dict[str, ArmTurn] = {}
-            for arm in arms:  # interleaved: every arm on this turn before the next turn
+            for k, arm in enumerate(arms):  # interleaved: every arm on this turn before the next turn
                 if self.progress:
-                    self.progress({"session": session.id, "turn": plan.index, "arm": arm.name})
+                    self.progress.begin(f"{session.id[:24]} turn {plan.index} arm {arm.name}")
                 measured[arm.name] = await run_arm_turn(self.engines[arm.name], arm, self.hooks[arm.name], plan,
                                                         session.id)
-                if done:
-                    done(arm.name, plan)
+                if self.progress:
+                    self.progress.advance(work(plan), step_done=k == len(arms) - 1)
             plain_s = self._plain_s(measured[BASELINE])
             entry: dict[str, Any] = {"index": plan.index, "prompt_tokens": len(plan.prompt),
                                      "output_tokens": len(plan.tokens), "arms": {}}
@@ -388,6 +428,7 @@ class Replayer:
             "id": session.id, "source": session.source, "format": session.format,
             "turns_total": session.turns, "turns_replayed": len(turns_out),
             "window": None if window is None else window.describe(),
+            "tools": "inferred from the session's calls" if tools_inferred else "recorded" if session.tools else "none",
             "skipped": skipped, "turns": turns_out, "totals": totals, "ratios": ratio, "saved_share": saved,
         }
 
@@ -433,11 +474,19 @@ def summarize(sessions: list[dict[str, Any]], arms: list[Arm]) -> dict[str, Any]
     return {"totals": totals, "ratios": ratio, "saved_share": saved}
 
 
+def work(plan: PlannedTurn) -> float:
+    """A turn's expected cost in decode-token units (for progress and ETA): its output
+    plus its prompt at ~1/50 of a decode step per token (the first turn of a window is
+    prefilled cold; later ones mostly hit the cache, so this overstates them)."""
+    return len(plan.tokens) + len(plan.prompt) / 50
+
+
 def replay(sessions: list[Session], options: ReplayOptions, loaded: tuple[Any, Any, Any],
-           progress: Callable[[dict[str, Any]], None] | None = None,
+           progress: Callable[[float, int], Any] | None = None,
            warn: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Replay `sessions` under `options.arms` on the loaded (model, tokenizer, info);
-    the `jumpahead.replay` JSON document."""
+    the `jumpahead.replay` JSON document. `progress(total_units, turns)` makes a
+    progress reporter (traces/progress.py Progress) once the turns are planned."""
     model, tokenizer, info = loaded
     warnings: list[str] = []
 
@@ -447,9 +496,16 @@ def replay(sessions: list[Session], options: ReplayOptions, loaded: tuple[Any, A
             warn(message)
 
     started = time.perf_counter()
-    with Replayer(model, tokenizer, info, options, progress=progress, warn=loud) as replayer:
+    with Replayer(model, tokenizer, info, options, warn=loud) as replayer:
         plans = [(s, *replayer.plan(s)) for s in sessions]
-        reports = [asyncio.run(replayer.replay_session(s, p, sk, w)) for s, p, sk, w in plans]
+        if progress is not None:
+            turns = [p for _, planned, _, _ in plans for p in planned]
+            replayer.progress = progress(sum(work(p) for p in turns) * len(options.arms), len(turns))
+        try:
+            reports = [asyncio.run(replayer.replay_session(s, p, sk, w)) for s, p, sk, w in plans]
+        finally:
+            if replayer.progress is not None:
+                replayer.progress.close()
     doc = {
         "kind": "jumpahead.replay", "version": 1, "model": str(getattr(info, "name", "") or ""),
         "arms": [a.name for a in options.arms],

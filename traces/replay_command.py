@@ -1,0 +1,162 @@
+"""`jumpahead replay`: replay recorded sessions.
+
+Forced replay (default): `jumpahead replay SESSION... [--arms ordinary,strict,echo]`
+re-drives each session's last assistant turns through the engine under paired arms
+(traces/replay.py) and prints the `jumpahead.replay` JSON (also to --out).
+
+Live replay: `jumpahead replay --live SESSION [--port P] [serve options]` serves the
+session's recorded assistant turns, in order, to a real client: the session becomes a
+script (proxy/script.py) and the server starts exactly as `jumpahead serve --script`
+does (proxy/serve.py run), so an agent can be re-run against changed policies
+(`--policy`) and compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from typing import Any
+
+from jumpahead.proxy import serve
+
+from .arms import ARMS
+
+DEFAULT_ARMS = "ordinary,strict,echo"
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be at least 0")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from .replay import DEFAULT_MAX_CONTEXT, DEFAULT_MAX_OUTPUT, DEFAULT_TURNS
+
+    parser.add_argument("sessions", nargs="+", metavar="SESSION",
+                        help="session files in any format `jumpahead traces import` reads")
+    parser.add_argument("--format", default=None, metavar="NAME", help="read the files as this format (default: detect)")
+    parser.add_argument("--arms", default=DEFAULT_ARMS, metavar="LIST",
+                        help=f"comma-separated arms (default: {DEFAULT_ARMS}): {', '.join(ARMS)}, a policy name "
+                             "(oracle-jump, jump, compaction, ...; NAME:key=value for options), or parts joined by "
+                             "'+' (strict+echo); 'ordinary' is always run as the baseline")
+    parser.add_argument("--turns", type=_count, default=DEFAULT_TURNS, metavar="N",
+                        help=f"replay the last N assistant turns of each session (default: {DEFAULT_TURNS}; 0: all)")
+    parser.add_argument("--max-context", type=_count, default=DEFAULT_MAX_CONTEXT, metavar="N",
+                        help=f"prompt tokens per turn; longer histories are replayed over a tail window (system "
+                             f"message + newest messages, moved in steps) (default: {DEFAULT_MAX_CONTEXT}; 0: the "
+                             "model's window minus the longest output)")
+    parser.add_argument("--max-output-tokens", type=_count, default=DEFAULT_MAX_OUTPUT, metavar="N",
+                        help=f"skip turns whose recorded output is longer (default: {DEFAULT_MAX_OUTPUT}; 0: no limit)")
+    parser.add_argument("--out", default=None, metavar="FILE.json", help="also write the JSON here")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--live", action="store_true",
+                        help="serve the session's recorded turns to a real client instead (one SESSION; the "
+                             "server options below apply)")
+    serve.add_arguments(parser.add_argument_group("server options (--live; --model, --max-proposal, "
+                                                  "--no-cost-aware and --objective also apply to forced replay)"))
+
+
+def _fail(message: str) -> int:
+    print(f"jumpahead replay: {message}", file=sys.stderr)
+    return 2
+
+
+def _load(paths: list[str], fmt: str | None) -> list[Any]:
+    from .formats import UnknownFormat, load_sessions
+
+    sessions = []
+    for path in paths:
+        try:
+            found = load_sessions(path, fmt)
+        except (UnknownFormat, OSError, ValueError) as exc:
+            raise ValueError(str(exc)) from None
+        if not found:
+            raise ValueError(f"{path}: no session in the file")
+        for s in found:
+            s.source = s.source or path
+        sessions += found
+    return sessions
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.live:
+        return run_live(args)
+    from .arms import ArmError, parse_arms
+
+    try:
+        arms = parse_arms(args.arms)
+    except ArmError as exc:
+        return _fail(str(exc))
+    try:
+        sessions = _load(args.sessions, args.format)
+    except ValueError as exc:
+        return _fail(str(exc))
+
+    import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
+    from jumpahead.engine.bench_output import emit
+    from jumpahead.engine.loader import load_model
+
+    from .progress import Progress
+    from .replay import ReplayOptions, replay
+
+    options = ReplayOptions(arms, turns=args.turns or None, max_context=args.max_context or None,
+                            max_output_tokens=args.max_output_tokens or None, max_proposal=args.max_proposal,
+                            cost_aware=not args.no_cost_aware, objective=args.objective)
+    say = (lambda s: None) if args.quiet else (lambda s: print(f"jumpahead replay: {s}", file=sys.stderr))
+    try:
+        loaded = load_model(args.model, progress=say)
+    except Exception as exc:
+        return _fail(f"cannot load model {args.model or '(default)'}: {type(exc).__name__}: {exc}")
+    doc = replay(sessions, options, loaded,
+                 progress=None if args.quiet else (lambda total, turns: Progress(total, turns)),
+                 warn=lambda m: print(f"jumpahead replay: WARNING: {m}", file=sys.stderr))
+    emit(doc, args.out)
+    return 0
+
+
+def write_script(session: Any, path: str) -> int:
+    """The session's assistant turns as a script file (proxy/script.py JSONL); how many."""
+    import orjson
+
+    from .replay import script_turn
+
+    n = 0
+    with open(path, "wb") as fh:
+        for i in session.assistant_indices():
+            t = script_turn(session.messages[i])
+            line = {"reasoning": t.reasoning, "text": t.text,
+                    # raw-text arguments go as a JSON text of the string (the script reads it back)
+                    "tool_calls": [{"name": c.name, "arguments": orjson.dumps(c.arguments).decode()
+                                    if isinstance(c.arguments, str) else c.arguments} for c in t.tool_calls]}
+            fh.write(orjson.dumps(line) + b"\n")
+            n += 1
+    return n
+
+
+def run_live(args: argparse.Namespace) -> int:
+    if len(args.sessions) != 1:
+        return _fail("--live serves one session (give one SESSION file)")
+    try:
+        sessions = _load(args.sessions, args.format)
+    except ValueError as exc:
+        return _fail(str(exc))
+    session = sessions[0]
+    if not session.turns:
+        return _fail(f"{args.sessions[0]}: the session has no assistant turns to serve")
+    if len(sessions) > 1:
+        print(f"jumpahead replay: {args.sessions[0]} holds {len(sessions)} sessions; serving the first "
+              f"({session.id})", file=sys.stderr)
+    fd, path = tempfile.mkstemp(prefix="jumpahead-live-", suffix=".jsonl")
+    os.close(fd)
+    try:
+        turns = write_script(session, path)
+        print(f"jumpahead replay: serving the {turns} recorded assistant turns of {session.id} in order",
+              file=sys.stderr)
+        args.script = path
+        return serve.run(args)
+    finally:
+        os.unlink(path)
