@@ -14,6 +14,7 @@ and the real HTTP server are exercised too.
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -96,8 +97,6 @@ def test_compaction_on_public_sessions(name: str, show_reasoning: bool) -> None:
                 assert f"{call.name}(" in account
                 for key in ("path", "file_path"):
                     if f'"{key}"' in call.arguments:
-                        import json
-
                         path = json.loads(call.arguments).get(key)
                         if isinstance(path, str) and len(path) < 160:
                             assert path in account
