@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-fit", action="store_true",
                         help="the embedded default model runs policy 'fit' (shrink prompts over its 8k window: "
                              "old tool results, thinking, tool descriptions, the middle of the history); "
-                             "this turns it off (with --model, fit runs only if --policy fit asks)")
+                             "this turns it off (with --model or --script, fit runs only if --policy fit asks)")
     parser.add_argument("--policy-config", default=None, metavar="FILE.toml",
                         help="policies from a TOML file ([[policy]] tables: name = \"...\" plus options), "
                              "run before the --policy ones")
@@ -106,9 +106,10 @@ def _policy_specs(args: argparse.Namespace) -> list:
     specs = list(load_config(args.policy_config)) if getattr(args, "policy_config", None) else []
     specs += [parse_spec(text) for text in getattr(args, "policy", None) or []]
     # The embedded model's 8k window is smaller than what agents send (Claude Code
-    # ~20k tokens): fit runs last, on what the other policies left.
+    # ~20k tokens): fit runs last, on what the other policies left. Script mode keeps
+    # its own prompt cut (--script-prompt-limit): replay measures the recorded prompts.
     if getattr(args, "model", None) is None and not getattr(args, "no_fit", False) \
-            and not any(s.name == "fit" for s in specs):
+            and not getattr(args, "script", None) and not any(s.name == "fit" for s in specs):
         specs.append(parse_spec("fit"))
     for spec in specs:
         spec.build()
