@@ -61,7 +61,8 @@ class BoundaryProposer:
         self.pending: _Pending | None = None
         self.own: set[int] = set()  # output indices supplied by interventions
         self.watch_s = 0.0  # tracking time (the runtime's own part of H)
-        self._context: tuple[str, list[int]] | None = None
+        self._context_text: str | None = None
+        self._context_ends: list[int] | None = None
         self._broken = False
 
     # --- engine side ------------------------------------------------------------------
@@ -135,7 +136,7 @@ class BoundaryProposer:
             output_tokens=list(t.tokens),
             reasoning=t.reasoning,
             content=t.content,
-            context_text=self.context[0],
+            context_text=self.context_text,
             tool_name=crossing.tool_name if crossing.tool_name is not None else t.tool_name,
             call_text=t.call_text,
             argument_key=crossing.argument_key,
@@ -146,13 +147,25 @@ class BoundaryProposer:
         )
 
     @property
-    def context(self) -> tuple[str, list[int]]:
-        """The prompt's text and each prompt token's text end (made once, on first use)."""
-        if self._context is None:
+    def context_text(self) -> str:
+        """The prompt as text (decoded once, at the first boundary)."""
+        if self._context_text is None:
             t0 = time.perf_counter()
-            self._context = text_offsets(self.tokenizer, self.prompt)
+            self._context_text = str(self.tokenizer.decode(list(self.prompt)))
             self.watch_s += time.perf_counter() - t0
-        return self._context
+        return self._context_text
+
+    @property
+    def context_ends(self) -> list[int] | None:
+        """Each prompt token's text end in `context_text` (made on the first sourced
+        intervention: ~10x the decode's time); None if the streaming detokenizer's text
+        differs from the decode's, so spans cannot be mapped."""
+        if self._context_ends is None:
+            t0 = time.perf_counter()
+            text, ends = text_offsets(self.tokenizer, self.prompt)
+            self._context_ends = ends if text == self.context_text else []
+            self.watch_s += time.perf_counter() - t0
+        return self._context_ends or None
 
     def _pending(self, name: str, iv: Intervention, crossing: Crossing, decide_s: float, at: int) -> _Pending | None:
         tokens, source = self._tokens(iv)
@@ -198,7 +211,9 @@ class BoundaryProposer:
             return tokens, None
         start, end = iv.source
         if iv.source_in == "context":
-            ends, base, seq = self.context[1], 0, self.prompt
+            ends, base, seq = self.context_ends, 0, self.prompt
+            if ends is None:
+                return tokens, None
         elif iv.source_in == "output":
             ends, base, seq = self.tracker.ends, len(self.prompt), self.tracker.tokens
         else:

@@ -138,6 +138,7 @@ def with_tools(session: Session) -> tuple[Session, bool]:
 def plan_session(session: Session, tokenizer: Any, context_length: int,
                  options: ReplayOptions) -> tuple[list[PlannedTurn], list[dict[str, Any]], Window | None]:
     """The turns to replay (oldest first), the ones skipped and why, and the window."""
+    session = with_tools(session)[0]
     tools = session.turn(session.assistant_indices()[0]).tools if session.turns else []
     chosen: list[tuple[int, str, list[int]]] = []
     skipped: list[dict[str, Any]] = []
@@ -392,7 +393,7 @@ class Replayer:
         return next(iter(self.engines.values())).context_length
 
     def plan(self, session: Session) -> tuple[list[PlannedTurn], list[dict[str, Any]], Window | None]:
-        return plan_session(with_tools(session)[0], self.tokenizer, self.context_length, self.options)
+        return plan_session(session, self.tokenizer, self.context_length, self.options)
 
     async def replay_session(self, session: Session, planned: list[PlannedTurn], skipped: list[dict[str, Any]],
                              window: Window | None) -> dict[str, Any]:

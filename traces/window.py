@@ -18,7 +18,7 @@ from jumpahead.proxy.prompt import render_prompt
 
 from .session import Session
 
-STEP = 0.25  # a re-anchored window starts this share of max_context below the limit
+STEP = 0.5  # a re-anchored window starts this share of max_context below the limit
 SYSTEM_SHARE = 0.5  # a system message longer than this share of the limit is cut
 
 
@@ -106,14 +106,26 @@ def fit(session: Session, index: int, window: Window, tokenizer: Any) -> tuple[A
             break
     else:
         pick = len(candidates) - 1
+    # the estimate's pick may start too early (estimates are rough): walk back to an
+    # earlier start while that still fits the target, else forward until it does
+    while pick > 0 and len(render_prompt(tokenizer, windowed_turn(
+            session, index, candidates[pick - 1], window.system_cut, tokenizer))) <= target:
+        pick -= 1
+    fallback = None
     for j in candidates[pick:]:
         turn = windowed_turn(session, index, j, window.system_cut, tokenizer)
         prompt = render_prompt(tokenizer, turn)
-        if len(prompt) <= limit:
-            if window.anchor != j:
-                window.reanchors += 1
-            window.anchor = j
-            return turn, prompt, _dropped(window, system)
+        if len(prompt) <= limit and fallback is None:
+            fallback = (j, turn, prompt)
+        if len(prompt) <= target:
+            fallback = (j, turn, prompt)
+            break
+    if fallback is not None:
+        j, turn, prompt = fallback
+        if window.anchor != j:
+            window.reanchors += 1
+        window.anchor = j
+        return turn, prompt, _dropped(window, system)
     raise WindowTooSmall(f"turn {index}: even the newest message does not fit in {limit} prompt tokens")
 
 
