@@ -11,6 +11,13 @@ the tokens they remove pay for re-prefilling everything after the first new edit
     removed >= clear_at_least  and  removed * horizon >= re-prefilled tokens
 
 (`horizon`: how many later turns the saving is counted over.)
+
+`sticky=false` (an option of every subclass) decides afresh on every request, as a
+stateless rewriter would: no memo of earlier rewrites, no frontier; only the cache of
+message sizes is kept. It exists to measure what stickiness buys (replay arms
+`compaction:sticky=false`): an account that depends on later messages, or a trigger
+that fires differently as the history grows, changes an earlier message and the prefix
+cache misses from there.
 """
 
 from __future__ import annotations
@@ -85,6 +92,18 @@ def int_option(options: dict[str, Any], name: str, default: int) -> int:
     return out
 
 
+def bool_option(options: dict[str, Any], name: str, default: bool) -> bool:
+    value = options.get(name, default)
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"option {name}={value!r} is not a boolean (true or false)")
+
+
 def with_messages(turn: "Turn", messages: list["Message"]) -> "Turn":
     """A new Turn with these messages (the input Turn is never mutated)."""
     return dataclasses.replace(turn, messages=messages)
@@ -102,6 +121,7 @@ class StickyRewrite(Policy):
         super().__init__(**options)
         self.clear_at_least = int_option(self.options, "clear_at_least", self.default_clear_at_least)
         self.horizon = max(1, int_option(self.options, "horizon", self.default_horizon))
+        self.sticky = bool_option(self.options, "sticky", True)
 
     # --- for subclasses -------------------------------------------------------------
     def candidates(self, messages: list["Message"], protected_from: int) -> list[int]:
@@ -118,7 +138,11 @@ class StickyRewrite(Policy):
 
     # --- the machinery --------------------------------------------------------------
     def memo(self, ctx: RequestContext) -> dict[str, Any]:
-        return ctx.session.memo.setdefault(f"sticky:{self.name}", {"rewrites": {}, "frontier": None, "commits": 0})
+        memo = ctx.session.memo.setdefault(f"sticky:{self.name}", {"rewrites": {}, "frontier": None, "commits": 0})
+        if self.sticky:
+            return memo
+        # Non-sticky: a throwaway memo per request; message sizes are pure, so shared.
+        return {"rewrites": {}, "frontier": None, "commits": 0, "sizes": memo.setdefault("sizes", {})}
 
     def on_request(self, ctx: RequestContext) -> "Turn | None":
         memo = self.memo(ctx)
@@ -145,6 +169,8 @@ class StickyRewrite(Policy):
             if new is not None:
                 chosen[i] = new
         note: dict[str, Any] = {"policy": self.name, "replayed": replayed}
+        if not self.sticky:
+            note["sticky"] = False
         if not chosen:
             if replayed:
                 ctx.notes.append(note)

@@ -327,6 +327,12 @@ def _add_totals(totals: dict[str, Any], entry: dict[str, Any]) -> None:
             totals[key] = round(totals.get(key, 0.0) + item[key], 6)
     if "R_s" in entry:
         totals["R_s"] = round(totals.get("R_s", 0.0) + entry["R_s"], 6)
+    # Prompt tokens after policies and the cache: a context rewrite (compaction,
+    # masking) trades fewer prompt tokens for cache misses after its edit point.
+    for key in ("prompt_tokens", "cached_tokens"):
+        totals[key] = totals.get(key, 0) + entry[key]
+    totals["prefilled_tokens"] = totals["prompt_tokens"] - totals["cached_tokens"]
+    totals["cache_hit_rate"] = round(totals["cached_tokens"] / totals["prompt_tokens"], 4) if totals["prompt_tokens"] else 0.0
     totals["turns"] = totals.get("turns", 0) + 1
     totals["identical_turns"] = totals.get("identical_turns", 0) + int(entry["identical"])
     totals["diverged_turns"] = totals.get("diverged_turns", 0) + int(entry["diverged"])
@@ -462,6 +468,8 @@ NOTES = [
     "them beyond a plain round, less their proposer time; H = proposer time in those rounds",
     "a diverged turn (a wrong asserted intervention) is ended there; the rest of the record is charged as "
     "R = its tokens x the ordinary arm's decode s/token (an estimate), included in model_s",
+    "prompt_tokens are counted after the arm's policies (context rewrites); totals' cache_hit_rate = "
+    "cached_tokens / prompt_tokens, prefilled_tokens = prompt_tokens - cached_tokens",
 ]
 
 

@@ -60,14 +60,18 @@ def windowed_turn(session: Session, index: int, anchor: int | None, system_cut: 
     if anchor is None and system_cut is None:
         return turn
     msgs = turn.messages
-    head = msgs[:1] if _has_system(session) else []
+    # turn.messages follow session.context_indices (after an agent's compaction the
+    # context is the summary plus what followed), so anchors map through them.
+    where = session.context_indices(index)
+    head = msgs[:1] if _has_system(session) and where[:1] == [0] else []
     if head and system_cut is not None:
         from jumpahead.proxy.turn import Message
 
         ids = tokenizer.encode(head[0].content or "", add_special_tokens=False)[:system_cut]
         head = [Message(role="system", content=tokenizer.decode(ids))]
-    start = anchor if anchor is not None else len(head)
-    turn.messages = head + msgs[start:]
+    start = anchor if anchor is not None else (1 if head else 0)
+    first = next((k for k, j in enumerate(where) if j >= start and k >= len(head)), len(msgs))
+    turn.messages = head + msgs[first:]
     return turn
 
 
@@ -78,8 +82,9 @@ def fit(session: Session, index: int, window: Window, tokenizer: Any) -> tuple[A
     if not window._estimates:
         window._estimates = _estimate(tokenizer, session)
     est = window._estimates
-    system = 1 if _has_system(session) else 0
-    if window.anchor is None and window.system_cut is None and sum(est[:index]) <= 2 * limit:
+    where = session.context_indices(index)
+    system = 1 if _has_system(session) and where[:1] == [0] else 0
+    if window.anchor is None and window.system_cut is None and sum(est[j] for j in where) <= 2 * limit:
         turn = session.turn(index)
         prompt = render_prompt(tokenizer, turn)
         if len(prompt) <= limit:
@@ -94,14 +99,14 @@ def fit(session: Session, index: int, window: Window, tokenizer: Any) -> tuple[A
     # Re-anchor: the newest messages that fit under (1 - STEP) of the limit.
     target = int((1 - STEP) * limit)
     first = max(window.anchor or system, system)
-    candidates = [j for j in range(first, index) if session.messages[j].role != "tool"]
+    candidates = [j for j in where if j >= first and session.messages[j].role != "tool"]
     if not candidates:
         raise WindowTooSmall(f"turn {index}: no message boundary to start a window at")
     base = min(est[0], window.system_cut or est[0]) if system else 0
     # first guess from the estimates, then step forward until the rendering fits
     pick = 0
     for k, j in enumerate(candidates):
-        if base + sum(est[j:index]) <= target:
+        if base + sum(est[k] for k in where if k >= j) <= target:
             pick = k
             break
     else:
