@@ -74,6 +74,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--script-prompt-limit", type=_positive, default=None, metavar="N",
                         help="script mode: cut longer prompts to N tokens (head and tail) before prefill; "
                              "the scripted answer does not depend on them (default: the model's context)")
+    parser.add_argument("--api-key", default=None, metavar="KEY",
+                        help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on every endpoint but "
+                             "/health (default: $JUMPAHEAD_API_KEY; unset: no key)")
+    parser.add_argument("--allow-origin", action="append", default=[], metavar="URL",
+                        help="let the web page at this origin (http://host:port) call the server, with CORS "
+                             "(repeatable; default: browser requests from any origin are refused)")
+    parser.add_argument("--max-body-bytes", type=_positive, default=32 << 20, metavar="N",
+                        help="refuse request bodies over N bytes with 413 (default: 32 MiB)")
 
 
 def _is_loopback(host: str) -> bool:
@@ -119,8 +127,16 @@ def _policy_specs(args: argparse.Namespace) -> list:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("jumpahead.serve")
+    from .access import access_config
+
+    try:
+        access = access_config(getattr(args, "api_key", None), getattr(args, "allow_origin", None) or [], args.host)
+    except ValueError as exc:  # a bad --allow-origin or an empty key
+        print(f"jumpahead: {exc}", file=sys.stderr)
+        return 2
     if not _is_loopback(args.host):
-        log.warning("binding %s: anyone who can reach this address can use the model", args.host)
+        log.warning("binding %s: anyone who can reach this address can use the model%s", args.host,
+                    "" if access.api_key else " (no --api-key)")
 
     script = None
     if getattr(args, "script", None):
@@ -213,7 +229,9 @@ def run(args: argparse.Namespace) -> int:
             "script": getattr(args, "script", None), "draft_model": args.draft_model}))
         log.info("recording traces in %s", trace_dir)
     try:
-        uvicorn.run(create_app(engine, script=script, hooks=hooks), host=args.host, port=args.port, log_level=args.log_level,
+        app = create_app(engine, script=script, hooks=hooks, access=access,
+                         max_body_bytes=getattr(args, "max_body_bytes", 32 << 20))
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                     timeout_graceful_shutdown=5)
     finally:
         engine.close()

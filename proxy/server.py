@@ -22,15 +22,19 @@ from typing import Any, TypeVar
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from . import sse
+from .access import AccessConfig, access_middleware
 from .anthropic_messages import MessagesStream, message_id, message_object, parse_messages_request
+from .body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
 from .errors import APIError, error_body, invalid_request, not_found, server_error
 from .exchange import Exchange
 from .openai_chat import ChatStream, chat_completion, completion_id, parse_chat_request
+from .openapi import openapi_document
 from .openai_responses import (
     ResponsesContext,
     assistant_message,
@@ -323,7 +327,7 @@ async def root(request: Request) -> Response:
     """Clients probe the base URL (Claude Code sends HEAD /): say what answers here."""
     return JSONResponse({"name": "jumpahead", "model": _model_name(_engine(request)),
                          "endpoints": ["/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens",
-                                       "/v1/responses", "/v1/models", "/health", "/metrics"]})
+                                       "/v1/responses", "/v1/models", "/health", "/metrics", "/openapi.json"]})
 
 
 async def health(request: Request) -> Response:
@@ -342,6 +346,10 @@ async def health(request: Request) -> Response:
             report.update(describe())
     status = 200 if report["status"] == "ok" else 503
     return JSONResponse(report, status_code=status)
+
+
+async def openapi(request: Request) -> Response:
+    return JSONResponse(openapi_document())
 
 
 async def metrics(request: Request) -> Response:
@@ -386,11 +394,14 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 
 def create_app(engine: Any, script: Script | None = None, response_store: ResponseStore | None = None,
-               hooks: list[Any] | None = None) -> Starlette:
+               hooks: list[Any] | None = None, access: AccessConfig | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
     """The app around a loaded engine (shared by all requests).
 
     `script`: forced-continuation replay; each generation request consumes its next turn.
     `hooks`: watchers of every exchange (proxy/exchange.py): policies, the trace recorder.
+    `access`: API key, allowed origins, bound host (proxy/access.py; default: loopback
+    names only, no key, no browser origins); `max_body_bytes`: larger bodies get 413.
     """
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -408,9 +419,13 @@ def create_app(engine: Any, script: Script | None = None, response_store: Respon
         Route("/", root, methods=["GET", "HEAD"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
     ]
+    middleware = [*access_middleware(access or AccessConfig()),
+                  Middleware(BodyLimitMiddleware, limit=max_body_bytes)]
     app = Starlette(
         routes=routes,
+        middleware=middleware,
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _unexpected},
     )
     app.state.engine = engine
