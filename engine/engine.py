@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator, Callable
 import mlx.core as mx
 
 from .blas import blas_info
+from .memory import RowRegistry, engine_memory
 from .model_runner import ModelRunner
 from .row import Row
 from .sampler import RowSampler
@@ -77,6 +78,7 @@ class Engine:
 
             self.attach_draft(DraftModel.load(self.config.draft_model, progress=lambda s: None))
         self._wake = threading.Event()
+        self.rows = RowRegistry()
         self.prefix_cache = self._make_prefix_cache()
         self.scheduler.prefix_cache = self.prefix_cache
         self.started_at = time.time()
@@ -171,7 +173,7 @@ class Engine:
         stop_ids = set(self.tokenizer.eos_token_ids) | set(req.stop_token_ids)
         # strict fill: grammar constraint + strict proposers first (engine/strict.py)
         constraint, proposers = self.strict.row_parts(req, req.methods or self.config.default_methods, self._proposers(req))
-        return Row(
+        row = Row(
             proposers=proposers,
             constraint=constraint,
             req=req,
@@ -181,6 +183,8 @@ class Engine:
             stop_ids=stop_ids,
             max_tokens=min(req.max_tokens, self.context_length - len(req.prompt)),
         )
+        self.rows.add(row)  # weakly: /metrics memory counts rows still reachable (leak checks)
+        return row
 
     @property
     def strict(self) -> Any:
@@ -272,7 +276,13 @@ class Engine:
         out["width_policy"] = self.scheduler.width_policy.as_dict()
         if self.prefix_cache is not None:
             out["prefix_cache"] = self.prefix_cache.stats()
+        out["memory"] = self.memory()
         return out
+
+    def memory(self, collect: bool = False) -> dict[str, Any]:
+        """Rows alive, batch slots, prefix-cache accounting, MLX and process memory
+        (engine/memory.py); `collect` garbage-collects first."""
+        return engine_memory(self, collect)
 
     def flush_prefix_cache(self, timeout: float = 60.0) -> bool:
         """Wait until no row runs and every prefix-cache entry is on disk and indexed.

@@ -355,6 +355,9 @@ async def openapi(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     engine = _engine(request)
     report = {"engine": engine.metrics(), "server": dict(_stats(request))}
+    if request.query_params.get("gc") == "1" and callable(getattr(engine, "memory", None)):
+        # leak checks: count only the rows something still references
+        report["engine"]["memory"] = await asyncio.to_thread(engine.memory, True)
     for hook in request.app.state.hooks:  # hooks add their own sections (the policies)
         section = getattr(hook, "metrics", None)
         if callable(section):

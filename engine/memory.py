@@ -1,0 +1,93 @@
+"""What the engine holds right now, for leak checks (disconnect storms, long load runs).
+
+Counted from the live objects rather than from counters, so a leak shows up even where
+the bookkeeping is wrong: rows still reachable after they finished, batch slots of
+rows that left, prefix-cache RAM that the byte counter and the tree disagree on, nodes
+that left the tree but still hold KV. The prefix cache pins nothing (a hit is copied
+into the row's own buffers), so a leaked pin would show up as a leaked row or an
+unaccounted node here.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .prefix_cache import PrefixCache
+
+
+class RowRegistry:
+    """Every Row the engine made that is still reachable (weak references only)."""
+
+    def __init__(self) -> None:
+        self._rows: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def add(self, row: Any) -> None:
+        self._rows.add(row)
+
+    def alive(self) -> int:
+        return len(self._rows)
+
+    def unfinished(self) -> int:
+        return sum(1 for r in list(self._rows) if getattr(r, "finish_reason", None) is None)
+
+
+def rss_bytes() -> int | None:
+    """This process's resident set size (Linux /proc; None elsewhere)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def prefix_cache_audit(cache: "PrefixCache") -> dict[str, Any]:
+    """The cache's RAM recounted from its tree against its byte counter."""
+    with cache._lock:
+        recounted, in_tree, stack = 0, set(), list(cache.root.children.values())
+        while stack:
+            node = stack.pop()
+            in_tree.add(node)
+            recounted += node.ram_bytes
+            stack.extend(node.children.values())
+        holding = {n for n in cache._ram_nodes if n.ram_bytes}
+        return {
+            "ram_bytes": cache.ram_bytes,
+            "ram_bytes_recounted": recounted,
+            "ram_budget_bytes": cache.ram_budget,
+            "ram_nodes": len(cache._ram_nodes),
+            "detached_ram_nodes": len(holding - in_tree),  # hold KV, but no lookup can reach them
+            "consistent": recounted == cache.ram_bytes and not (holding - in_tree),
+        }
+
+
+def engine_memory(engine: "Engine", collect: bool = False) -> dict[str, Any]:
+    """Rows alive, batch slots, prefix-cache accounting, MLX and process memory.
+
+    `collect` runs the garbage collector first, so only rows something still
+    references are counted (a finished row in a reference cycle is not a leak)."""
+    if collect:
+        gc.collect()
+    s = engine.scheduler
+    group = s.group
+    out: dict[str, Any] = {
+        "rows_running": len(s.running),
+        "rows_waiting": len(s.waiting) + s.inbox.qsize(),
+        "rows_alive": engine.rows.alive(),
+        "rows_alive_unfinished": engine.rows.unfinished(),
+        "group_rows": group.size,
+        "group_kv_bytes": sum(a.nbytes for a in group.arrays()),
+        "mlx_active_bytes": mx.get_active_memory(),
+        "mlx_cache_bytes": mx.get_cache_memory(),
+        "mlx_peak_bytes": mx.get_peak_memory(),
+        "rss_bytes": rss_bytes(),
+    }
+    if engine.prefix_cache is not None:
+        out["prefix_cache"] = prefix_cache_audit(engine.prefix_cache)
+    return out
