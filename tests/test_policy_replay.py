@@ -1,0 +1,104 @@
+"""Policy arms under forced replay (issue 11): stickiness of context rewrites, the tail
+window after an agent's own compaction, and the policy arms on a real public session.
+
+- `sticky=false` makes a sticky rewriter decide afresh on every request: where the
+  compact account of a step depends on later messages, its rewritten prefix changes
+  from turn n to n+1 (a cache miss); with `sticky=true` it is kept byte for byte.
+- The replay window of a session that the agent compacted itself (Claude Code) keeps
+  the newest messages of the turn's own context.
+- Slow: the policy arms (compaction, masking, with and without stickiness; oracle and
+  mistaken jumps) through forced replay on the real default model (the Replayer runs
+  them through PolicyHooks exactly as `serve --policy`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from jumpahead.policies.api import RequestContext, SessionState
+from jumpahead.policies.compaction import Compaction
+from jumpahead.policies.registry import PolicyError, parse_spec
+from jumpahead.proxy.prompt import render_prompt
+from jumpahead.proxy.turn import Message, ToolCall, Turn
+
+from .policy_sessions import SESSIONS, common_prefix, default_tokenizer, load_public
+
+FILLER = ("The repository layout is conventional and the module reads cleanly from top to bottom. "
+          "Each section opens with a short comment and a handful of small helpers. ") * 6
+LATE = "The helper parse_config_value looks odd."  # kept in the account only once a later message names it
+
+
+def step_messages(turns: int) -> list[Message]:
+    """A session of tool steps. The first step's visible text ends in LATE; the third
+    step (present from turns=3 on) names parse_config_value, so the first step's
+    account, decided afresh, changes between turn 2 and turn 3."""
+    messages = [Message("system", "You are a coding agent."), Message("user", "Tidy the config module.")]
+    texts = [FILLER + LATE, "Reading the tests next.", "Now rename parse_config_value in one place."]
+    for k in range(turns):
+        messages.append(Message("assistant", texts[k], tool_calls=[ToolCall("read_file", f'{{"path": "f{k}.py"}}', f"c{k}")]))
+        messages.append(Message("tool", "ok", tool_call_id=f"c{k}"))
+    return messages
+
+
+def rewritten(policy_options: dict[str, str], tokenizer: Any) -> list[tuple[Turn, list[dict[str, Any]]]]:
+    """Turns 2 and 3 of step_messages through one Compaction per request (as the
+    runtime builds them) sharing one SessionState."""
+    state = SessionState("sticky-test")
+    out = []
+    for n in (2, 3):
+        turn = Turn(messages=step_messages(n))
+        ctx = RequestContext(turn=turn, session=state, tokenizer=tokenizer, context_length=8192)
+        result = Compaction(**policy_options).on_request(ctx)
+        out.append((turn if result is None else result, list(ctx.notes)))
+    return out
+
+
+@pytest.mark.parametrize("sticky", ["true", "false"])
+def test_sticky_option_keeps_or_loses_the_rewritten_prefix(sticky: str) -> None:
+    tokenizer = default_tokenizer()
+    options = {"clear_at_least": "16", "min_tokens": "32", "sticky": sticky}
+    (first, notes1), (second, notes2) = rewritten(options, tokenizer)
+    assert [n.get("decision") for n in notes1] == ["rewritten"]
+    old = step_messages(2)[2]
+    assert first.messages[2] != old and "[compacted step]" in first.messages[2].content
+    assert "parse_config_value" not in first.messages[2].content  # no later message names it yet
+    a, b = render_prompt(tokenizer, first), render_prompt(tokenizer, second)
+    head = render_prompt(tokenizer, dataclasses.replace(first, messages=first.messages[:3]))
+    if sticky == "true":
+        assert second.messages[2] == first.messages[2]  # replayed from the memo
+        assert notes2[0]["replayed"] == 1
+        assert common_prefix(a, b) >= len(a) - 2  # turn n's whole prompt (its generation prompt may merge)
+    else:
+        assert notes2[0]["sticky"] is False and notes2[0]["replayed"] == 0
+        assert [n.get("decision") for n in notes2] == ["rewritten"]
+        # decided afresh: the account now keeps LATE, so message 2's bytes changed
+        assert LATE in second.messages[2].content and second.messages[2] != first.messages[2]
+        assert common_prefix(a, b) < len(head)  # the prefix cache misses inside message 2
+
+
+def test_sticky_option_is_checked() -> None:
+    assert parse_spec("compaction:sticky=false").build().sticky is False
+    assert parse_spec("masking").build().sticky is True
+    assert parse_spec("thinking-clearing:sticky=0").build().sticky is False
+    with pytest.raises(PolicyError, match="sticky"):
+        parse_spec("masking:sticky=perhaps").build()
+
+
+def test_window_after_an_agents_own_compaction() -> None:
+    """Claude Code compacted this session itself: a turn's context is the summary plus
+    what followed, so window anchors (session indices) map through context_indices."""
+    from jumpahead.traces.window import Window, fit
+
+    session = load_public(SESSIONS[1])
+    tokenizer = default_tokenizer()
+    last = session.assistant_indices()[-1]
+    assert len(session.context_indices(last)) < last  # the compaction is there
+    window = Window(2048)
+    turn, prompt, dropped = fit(session, last, window, tokenizer)
+    full = session.turn(last).messages
+    assert dropped is not None and 0 < len(turn.messages) < len(full)
+    assert turn.messages == full[len(full) - len(turn.messages):]  # the newest messages of its own context
+    assert len(prompt) <= 2048 and prompt == render_prompt(tokenizer, turn)
