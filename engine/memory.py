@@ -26,16 +26,20 @@ class RowRegistry:
     """Every Row the engine made that is still reachable (weak references only)."""
 
     def __init__(self) -> None:
-        self._rows: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._rows: dict[int, weakref.ref] = {}  # rows are dataclasses (unhashable): keyed by id
 
     def add(self, row: Any) -> None:
-        self._rows.add(row)
+        key = id(row)
+        self._rows[key] = weakref.ref(row, lambda _, key=key: self._rows.pop(key, None))
+
+    def _live(self) -> list[Any]:
+        return [r for r in (ref() for ref in list(self._rows.values())) if r is not None]
 
     def alive(self) -> int:
-        return len(self._rows)
+        return len(self._live())
 
     def unfinished(self) -> int:
-        return sum(1 for r in list(self._rows) if getattr(r, "finish_reason", None) is None)
+        return sum(1 for r in self._live() if getattr(r, "finish_reason", None) is None)
 
 
 def rss_bytes() -> int | None:
