@@ -125,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--contexts must be comma-separated integers, got {a.contexts!r}")
     if not contexts or min(contexts) < 1:
         p.error("--contexts needs at least one positive length")
-    emit(run(a.model, contexts, a.decode, a.repeats), a.out)
-    return 0
+    return emit(run(a.model, contexts, a.decode, a.repeats), a.out)
 
 
 if __name__ == "__main__":

@@ -34,11 +34,12 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import mlx.core as mx
 
 from .engine import Engine, EngineConfig
+from .methods import SERVER_DEFAULT, parse_methods
 from .types import GenerationRequest
 
 PY_FILE = '''import json
@@ -224,22 +225,26 @@ def _summary(a: list[dict[str, float]], b: list[dict[str, float]], key: str, cpu
     return out
 
 
-def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3, only: str | None = None) -> dict[str, Any]:
+def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3, only: str | None = None,
+        methods: Sequence[str] = SERVER_DEFAULT) -> dict[str, Any]:
     """All arms, or only the mixed batch of 4 (`only="mixed"`: its ratio moves a few
-    percent from run to run, so it gets its own longer run)."""
+    percent from run to run, so it gets its own longer run). The "echo" arms run
+    `methods` (default: the server's default methods, engine/methods.py); the
+    baseline runs methods off."""
+    under = list(methods)
     # no SSD tier: its writes would add noise, and the RAM tier gives all arms the same state
     engine = Engine.load(model_name, EngineConfig(prefix_cache_ssd=False), progress=lambda s: None)
     tok = engine.tokenizer
     copy_prompts = [_chat(tok, t) for t in COPY_TASKS]
     plain_prompts = [_chat(tok, t) for t in PLAIN_TASKS]
     mixed = [copy_prompts[0], plain_prompts[0], copy_prompts[1], plain_prompts[1]]
-    _rows(engine, copy_prompts[:1], [["echo"]], 8)  # warm-up
+    _rows(engine, copy_prompts[:1], [under], 8)  # warm-up
     _rows(engine, copy_prompts[:1], [[]], 8)
 
     arms: dict[str, list[dict[str, float]]] = {}
     identical: dict[str, list[bool]] = {"copy": [], "plain": [], "mixed": [], "queue": []}
     telemetry: list[dict] = []
-    methods = {"base": [], "echo": ["echo"], "noop": ["noop"]}
+    arm_methods = {"base": [], "echo": under, "noop": ["noop"]}
     for r in range(repeats):
         order = ("base", "echo", "noop") if r % 2 == 0 else ("noop", "echo", "base")
         for group, prompts in (("copy", copy_prompts), ("plain", plain_prompts)) if only is None else ():
@@ -248,7 +253,7 @@ def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3, only:
                 for arm in order:
                     if arm == "noop" and group == "copy":
                         continue
-                    row = _rows(engine, [p], [methods[arm]], tokens)["rows"][0]
+                    row = _rows(engine, [p], [arm_methods[arm]], tokens)["rows"][0]
                     arms.setdefault(f"{group}_{arm}", []).append(row)
                     got[arm] = row
                 identical[group].append(got["base"]["tokens"] == got["echo"]["tokens"])
@@ -261,14 +266,14 @@ def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3, only:
             config = engine.scheduler.config
             if arm == "echo_uncapped":  # the same rows without the cost-aware width policy
                 config.cost_aware = False
-                res = _rows(engine, mixed, [["echo"]] * 4, tokens)
+                res = _rows(engine, mixed, [under] * 4, tokens)
                 config.cost_aware = True
             elif arm == "echo_latency":  # the same rows under the latency objective
                 default, config.objective = config.objective, "latency"
-                res = _rows(engine, mixed, [["echo"]] * 4, tokens)
+                res = _rows(engine, mixed, [under] * 4, tokens)
                 config.objective = default
             else:
-                res = _rows(engine, mixed, [methods[arm]] * 4, tokens)
+                res = _rows(engine, mixed, [arm_methods[arm]] * 4, tokens)
             arms.setdefault(f"mixed_{arm}", []).append(res)
             got[arm] = [x["tokens"] for x in res["rows"]]
             if r == 0 and arm == "echo":
@@ -280,7 +285,7 @@ def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3, only:
         cap, engine.scheduler.config.max_batch = engine.scheduler.config.max_batch, 4
         got = {}
         for arm in ("base", "echo") if r % 2 == 0 else ("echo", "base"):
-            res = _rows(engine, queue, [methods[arm]] * len(queue), tokens)
+            res = _rows(engine, queue, [arm_methods[arm]] * len(queue), tokens)
             arms.setdefault(f"queue_{arm}", []).append(res)
             got[arm] = [x["tokens"] for x in res["rows"]]
         engine.scheduler.config.max_batch = cap
@@ -304,11 +309,12 @@ def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3, only:
         "identical_outputs": all(identical["mixed"]),
     }
     if only is not None:
-        return {"bench": "echo", "model": engine.info.name, "tokens_per_row": tokens, "repeats": repeats,
+        return {"bench": "echo", "model": engine.info.name, "methods": under, "tokens_per_row": tokens, "repeats": repeats,
                 "mixed_batch_4": mixed_batch}
     return {
         "bench": "echo",
         "model": engine.info.name,
+        "methods": under,  # the "echo" arms; the baseline runs methods off
         "dtype": engine.info.dtype,
         "device": str(mx.default_device()),
         "tokens_per_row": tokens,
@@ -348,10 +354,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=96)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--only", choices=("mixed",), default=None, help="run only the mixed batch of 4 arms")
+    p.add_argument("--methods", default=None, metavar="LIST",
+                   help="methods of the measured arms (default: the server's, %s)" % ",".join(SERVER_DEFAULT))
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
-    emit(run(a.model, a.tokens, a.repeats, a.only), a.out)
-    return 0
+    try:
+        methods = parse_methods(a.methods)
+    except ValueError as exc:
+        p.error(str(exc))
+    return emit(run(a.model, a.tokens, a.repeats, a.only, methods), a.out)
 
 
 if __name__ == "__main__":

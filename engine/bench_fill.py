@@ -26,9 +26,15 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .engine import Engine
+from .methods import SERVER_DEFAULT
 from .types import GenerationRequest
 
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "clients"
+
+# What each arm runs: ordinary constrained decoding, strict fill alone (verified, or
+# asserted by `StrictFill.asserted`), and the server's default (strict + echo + ngram).
+ARM_METHODS: dict[str, list[str]] = {"constrained": ["none"], "strict": ["strict"], "strict_asserted": ["strict"],
+                                     "defaults": ["strict", *SERVER_DEFAULT]}
 
 TASKS: dict[str, list[str]] = {
     "pi-openai": [
@@ -73,7 +79,7 @@ def tool_call_turns(
 
 def _one(engine: Engine, turn: dict, arm: str, max_tokens: int, progress: Callable[[str], None] | None = None) -> dict:
     req = GenerationRequest(prompt=turn["prompt"], max_tokens=max_tokens, grammar=turn["grammar"], tools=turn["tools"],
-                            methods=["none"] if arm == "constrained" else [])
+                            methods=ARM_METHODS[arm])
     engine.strict.asserted = arm == "strict_asserted"
     try:
         t0 = time.perf_counter()
@@ -113,7 +119,7 @@ def run_tool_call_arm(
     per-turn detail. Raises AssertionError if strict and constrained outputs differ.
     """
     turns = tool_call_turns(engine.tokenizer, clients, fixtures, tasks)
-    arms = ["constrained", "strict"] + (["strict_asserted"] if asserted else [])
+    arms = ["constrained", "strict", "defaults"] + (["strict_asserted"] if asserted else [])
     for turn in turns:  # warm-up: prefix cache, grammar compile, template scaffold
         _one(engine, turn, "constrained", max_tokens, progress)
     samples: dict[str, list[list[dict]]] = {a: [] for a in arms}
@@ -125,11 +131,14 @@ def run_tool_call_arm(
                 runs[arm].append(_one(engine, turn, arm, max_tokens, progress))
         for arm in arms:
             samples[arm].append(runs[arm])
-    # identical outputs: strict (verified) must reproduce constrained decoding exactly
+    # identical outputs: the exact arms (strict verified, the defaults) must reproduce
+    # constrained decoding token for token, in every repeat
     base = samples["constrained"][0]
-    for rep in samples["strict"] + samples["constrained"][1:]:
-        for turn, a, b in zip(turns, base, rep):
-            assert a["tokens"] == b["tokens"], f"outputs differ on {turn['name']!r}"
+    for arm in ("constrained", "strict", "defaults"):
+        for rep in samples[arm]:
+            for turn, a, b in zip(turns, base, rep):
+                if a["tokens"] != b["tokens"]:
+                    raise AssertionError(f"bench fill: arm {arm!r} differs from constrained decoding on {turn['name']!r}")
 
     def total(arm: str, key: str) -> float:
         return statistics.median(sum(x[key] for x in rep) for rep in samples[arm])
@@ -144,7 +153,7 @@ def run_tool_call_arm(
             "strict_tokens": sum(x["strict"] for x in first),
             "forwards": sum(x["forwards"] for x in first),
         }
-    c, s = summary["constrained"], summary["strict"]
+    c, s, d = summary["constrained"], summary["strict"], summary["defaults"]
     out: dict[str, Any] = {
         "bench": "fill.tool_call",
         "model": getattr(engine.info, "name", None),
@@ -157,6 +166,12 @@ def run_tool_call_arm(
             "wall_reduction": round(1 - s["wall_s"] / c["wall_s"], 3) if c["wall_s"] else None,
             "identical_outputs": True,
             "target": "gen_time_reduction >= 0.35",
+        },
+        "defaults_vs_constrained": {  # the server's default methods (strict + echo + ngram)
+            "methods": ARM_METHODS["defaults"],
+            "gen_time_reduction": round(1 - d["gen_s"] / c["gen_s"], 3) if c["gen_s"] else None,
+            "wall_reduction": round(1 - d["wall_s"] / c["wall_s"], 3) if c["wall_s"] else None,
+            "identical_outputs": True,
         },
         "per_turn": [
             {
@@ -185,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     from . import bench_echo
+    from .bench_output import emit
+    from .methods import parse_methods
     from .engine import EngineConfig
 
     parser = argparse.ArgumentParser(prog="jumpahead bench fill", description=__doc__.split("\n\n")[0])
@@ -193,18 +210,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--asserted", action="store_true", help="also run strict fill with unverified assertion")
     parser.add_argument("--skip-echo", action="store_true", help="only the tool-call arm")
+    parser.add_argument("--skip-tool-calls", action="store_true", help="only the echo arms")
+    parser.add_argument("--methods", default=None, metavar="LIST",
+                        help="methods of the echo arms (default: the server's, %s)" % ",".join(SERVER_DEFAULT))
+    parser.add_argument("--out", default=None, help="also write the JSON result to this file")
     args = parser.parse_args(argv)
-    # RAM prefix cache only: the warm-up pass gives every arm the same cache state.
-    engine = Engine.load(args.model, EngineConfig(prefix_cache_ssd=False), progress=lambda s: None)
     try:
-        out: dict[str, Any] = {"bench": "fill", "tool_calls": run_tool_call_arm(
-            engine, args.repeats, args.max_tokens, asserted=args.asserted)}
-    finally:
-        engine.close()
+        methods = parse_methods(args.methods)
+    except ValueError as exc:
+        parser.error(str(exc))
+    out: dict[str, Any] = {"bench": "fill"}
+    if not args.skip_tool_calls:
+        # RAM prefix cache only: the warm-up pass gives every arm the same cache state.
+        engine = Engine.load(args.model, EngineConfig(prefix_cache_ssd=False), progress=lambda s: None)
+        try:
+            out["tool_calls"] = run_tool_call_arm(engine, args.repeats, args.max_tokens, asserted=args.asserted)
+        finally:
+            engine.close()
     if not args.skip_echo:
-        out["echo"] = bench_echo.run(args.model, args.max_tokens, args.repeats)
-    print(json.dumps(out, indent=2))
-    return 0
+        out["echo"] = bench_echo.run(args.model, args.max_tokens, args.repeats, methods=methods)
+    return emit(out, args.out)
 
 
 if __name__ == "__main__":

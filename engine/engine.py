@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator, Callable
 import mlx.core as mx
 
 from .blas import blas_info
+from .methods import describe as describe_methods
 from .memory import RowRegistry, engine_memory
 from .model_runner import ModelRunner
 from .row import Row
@@ -265,6 +266,7 @@ class Engine:
             "device": str(mx.default_device()),
             "blas": blas_info(),
             "max_batch": self.config.max_batch,
+            "methods": describe_methods(self.config.default_methods),  # for requests that name none
             "context_length": self.context_length,
             "rows_running": len(s.running),
             "rows_waiting": len(s.waiting) + s.inbox.qsize(),

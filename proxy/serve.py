@@ -26,9 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port to bind (default: 8000)")
     parser.add_argument("--max-batch", type=_positive, default=8, help="rows decoded together (default: 8)")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="log level (default: info)")
-    parser.add_argument("--methods", default="", metavar="LIST",
+    parser.add_argument("--methods", default=None, metavar="LIST",
                         help="proposal methods for requests that name none, comma-separated: "
-                             "echo, ngram, draft, strict (default: none)")
+                             "echo, ngram, draft, strict, or 'none' for ordinary decoding "
+                             "(default: echo,ngram plus checked strict fill, the exact methods)")
     parser.add_argument("--draft-model", default=None, metavar="PATH|truncated[:N]",
                         help="a draft model for method 'draft' (same tokenizer family as --model); "
                              "'truncated:N' builds the default model's first N layers (default N=4)")
@@ -74,6 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--script-prompt-limit", type=_positive, default=None, metavar="N",
                         help="script mode: cut longer prompts to N tokens (head and tail) before prefill; "
                              "the scripted answer does not depend on them (default: the model's context)")
+    from .upstream.serve import add_arguments as add_upstream_arguments
+
+    add_upstream_arguments(parser)
     parser.add_argument("--api-key", default=None, metavar="KEY",
                         help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on every endpoint but "
                              "/health (default: $JUMPAHEAD_API_KEY; unset: no key)")
@@ -117,7 +121,8 @@ def _policy_specs(args: argparse.Namespace) -> list:
     # ~20k tokens): fit runs last, on what the other policies left. Script mode keeps
     # its own prompt cut (--script-prompt-limit): replay measures the recorded prompts.
     if getattr(args, "model", None) is None and not getattr(args, "no_fit", False) \
-            and not getattr(args, "script", None) and not any(s.name == "fit" for s in specs):
+            and not getattr(args, "script", None) and not getattr(args, "upstream", None) \
+            and not any(s.name == "fit" for s in specs):
         specs.append(parse_spec("fit"))
     for spec in specs:
         spec.build()
@@ -162,14 +167,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"jumpahead: {exc}", file=sys.stderr)
         return 2
 
+    if getattr(args, "upstream", None):  # tokens from upstream engines (proxy/upstream/)
+        from .upstream.serve import run as run_upstream
+
+        return run_upstream(args, policy_specs, trace_dir, access)
+
     import jumpahead.engine  # noqa: F401  (loads OpenBLAS before mlx)
     from jumpahead.engine.engine import Engine, EngineConfig
 
-    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    unknown = [m for m in methods if m not in ("echo", "ngram", "draft", "strict")]
-    if unknown:
-        print(f"jumpahead: unknown method(s) in --methods: {', '.join(unknown)} "
-              "(known: echo, ngram, draft, strict)", file=sys.stderr)
+    from jumpahead.engine.methods import parse_methods
+
+    try:
+        methods = parse_methods(args.methods)
+    except ValueError as exc:
+        print(f"jumpahead: {exc}", file=sys.stderr)
         return 2
     config = EngineConfig(
         max_batch=args.max_batch,
