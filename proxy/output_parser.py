@@ -125,16 +125,19 @@ class OutputParser:
 
         `tools` empty or None disables tool-call parsing (tool_choice none, no tools).
         """
+        from .tool_parsers import tool_markers  # mlx-lm's parser, else the family's (harmony, DeepSeek, Llama 3)
+
         has_thinking = bool(getattr(tokenizer, "has_thinking", False))
         think = (tokenizer.think_start, tokenizer.think_end) if has_thinking else DEFAULT_THINK
+        tool_start, tool_end, tool_parser, _ = tool_markers(tokenizer)
         return cls(
             think_start=think[0],
             think_end=think[1],
             think_anywhere=has_thinking,
             in_reasoning=in_reasoning,
-            tool_start=getattr(tokenizer, "tool_call_start", None) if tools else None,
-            tool_end=getattr(tokenizer, "tool_call_end", None),
-            tool_parser=getattr(tokenizer, "tool_parser", None) if tools else None,
+            tool_start=tool_start if tools else None,
+            tool_end=tool_end,
+            tool_parser=tool_parser if tools else None,
             tools=tools,
         )
 
