@@ -8,6 +8,10 @@ A request's `grammar` (GenerationRequest.grammar) is one of:
   exactly one call in the default (Hermes/ChatML) template format,
   `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, then EOS
   (`tool_choice` "required", or a named function when `name` is given).
+- `{"type": "tool_calls", "family": ..., "tools": [...], "name": optional, "parallel": true,
+  "count": optional}`: output is only tool calls in the model's own family format
+  (engine/tool_formats.py: Hermes, Qwen3-Coder, GLM, Kimi, Mistral, harmony, DeepSeek,
+  Llama 3 JSON), one or more (`parallel`), or exactly `count`.
 
 Optional keys: `any_whitespace` (default False: compact JSON with `", "` and `": "`
 separators, the way chat templates render `tojson`; True lets the model place
@@ -142,7 +146,16 @@ class GrammarBook:
             return xg.Grammar.concat(
                 _literal(spec.get("open", TOOL_OPEN)), body, _literal(spec.get("close", TOOL_CLOSE))
             )
-        raise EngineError(f"unknown grammar type {kind!r} (known: json_schema, json_object, tool_call)")
+        if kind == "tool_calls":
+            from .tool_formats import FAMILIES, structural_tag
+
+            family = FAMILIES.get(spec.get("family"))
+            if family is None:
+                raise EngineError(f"unknown tool-call family {spec.get('family')!r} (known: {', '.join(FAMILIES)})")
+            tag = structural_tag(family, spec.get("tools") or [], spec.get("name"), bool(spec.get("parallel", True)),
+                                 spec.get("count"), bool(spec.get("strict", True)))
+            return xg.Grammar.from_structural_tag(tag)
+        raise EngineError(f"unknown grammar type {kind!r} (known: json_schema, json_object, tool_call, tool_calls)")
 
     def constraint(self, spec: dict) -> "GrammarConstraint":
         return GrammarConstraint(self.compile(spec), self)

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from jumpahead.engine.tool_formats import detect_family
 from jumpahead.engine.types import EngineError, GenerationRequest
 
 from .errors import invalid_request
@@ -146,20 +147,27 @@ def _format_grammar(fmt: Any) -> dict | None:
 def strict_fill_fields(tokenizer: Any, turn: Turn, tools: list | None, in_reasoning: bool) -> tuple[dict | None, list[dict] | None]:
     """GenerationRequest.grammar and .tools for strict fill (engine/strict.py).
 
-    tool_choice required / a named function constrains the answer to one call in the
-    Hermes `<tool_call>` format (only for templates that use it); a JSON response format
-    constrains it to JSON. Neither applies when the answer continues an assistant
-    prefix or starts inside reasoning (the grammar would cover the wrong text).
+    tool_choice required / a named function constrains the answer to tool calls in the
+    format of the template's family (engine/tool_formats.py): one call for a named
+    function or `parallel_tool_calls: false`, else one or more, exactly
+    `jumpahead.tool_calls` where given. A JSON response format constrains it to JSON.
+    Neither applies when the answer continues an assistant prefix or starts inside
+    reasoning (the grammar would cover the wrong text).
     """
     tool_dicts = [tool.as_openai() for tool in tools] if tools else None
     if continues_final_message(turn) or in_reasoning:
         return None, tool_dicts
     grammar = None
     mode = turn.tool_choice.mode
-    if tool_dicts and mode in ("required", "function") and getattr(tokenizer, "tool_call_start", None) == "<tool_call>":
-        grammar = {"type": "tool_call", "tools": tool_dicts}
+    family = detect_family(tokenizer) if tool_dicts and mode in ("required", "function") else None
+    if family is not None:
+        grammar = {"type": "tool_calls", "family": family.name, "tools": tool_dicts,
+                   "parallel": turn.extra.get("parallel_tool_calls") is not False}
         if mode == "function" and turn.tool_choice.name:
             grammar["name"] = turn.tool_choice.name
+        count = _call_count(turn)
+        if count is not None:
+            grammar["count"] = count
     else:
         extra = turn.extra
         fmt = extra.get("response_format")
@@ -169,6 +177,17 @@ def strict_fill_fields(tokenizer: Any, turn: Turn, tools: list | None, in_reason
             fmt = extra["output_config"].get("format")
         grammar = _format_grammar(fmt)
     return grammar, tool_dicts
+
+
+def _call_count(turn: Turn) -> int | None:
+    """`{"jumpahead": {"tool_calls": N}}`: exactly N calls under tool_choice required/named."""
+    options = turn.extra.get("jumpahead")
+    count = options.get("tool_calls") if isinstance(options, dict) else None
+    if count is None:
+        return None
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 64:
+        raise invalid_request("'jumpahead.tool_calls' must be an integer from 1 to 64", param="jumpahead.tool_calls")
+    return count
 
 
 async def prepare_turn_async(engine: Any, turn: Turn, script: Script | None = None, exchange: Exchange | None = None,
