@@ -4,6 +4,10 @@ Arms, interleaved (ABAB...) in one process on one loaded model so that machine n
 hits both alike: single-row decode (ours vs mlx-lm `stream_generate`) and B=4
 aggregate decode (ours vs mlx-lm `BatchGenerator`). Decode throughput is counted in
 the window after every row has its first token, so prefill does not blur it.
+
+With `--contexts 2048,4096,8000`: prefill tokens/s and decode ms/token at agent
+context lengths, vs mlx-lm `stream_generate` with its own prompt cache
+(engine/bench_context.py).
 """
 
 from __future__ import annotations
@@ -120,13 +124,35 @@ def run(model_name: str | None = None, tokens: int = 64, repeats: int = 3, batch
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-    import json
+    import sys
 
     ap = argparse.ArgumentParser(prog="jumpahead bench decode", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="mlx-lm model path or hub id (default: the embedded default)")
-    ap.add_argument("--tokens", type=int, default=64, help="tokens generated per row (default 64)")
-    ap.add_argument("--repeats", type=int, default=3, help="interleaved repetitions per arm (default 3)")
+    ap.add_argument("--tokens", type=int, default=None, help="tokens generated per row (default 64)")
+    ap.add_argument("--repeats", type=int, default=None, help="interleaved repetitions per arm (default 3)")
     ap.add_argument("--batch", type=int, default=4, help="rows in the batched arm (default 4)")
+    ap.add_argument("--contexts", default=None, metavar="LIST",
+                    help="instead: prefill tokens/s and decode ms/token at these prompt lengths, e.g. "
+                         "2048,4096,8000, vs mlx-lm stream_generate (engine/bench_context.py; --tokens "
+                         "defaults to 32 and --repeats to 1 there)")
+    ap.add_argument("--out", default=None, help="also write the JSON result to this file")
     args = ap.parse_args(argv)
-    print(json.dumps(run(args.model, args.tokens, args.repeats, args.batch), indent=2))
-    return 0
+    from .bench_output import emit
+
+    if args.contexts is None:
+        return emit(run(args.model, args.tokens or 64, args.repeats or 3, args.batch), args.out)
+    try:
+        contexts = [int(x) for x in args.contexts.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--contexts must be comma-separated integers, got {args.contexts!r}")
+    if not contexts or min(contexts) < 1:
+        ap.error("--contexts needs at least one positive length")
+    from . import bench_context
+
+    try:
+        result = bench_context.run(args.model, contexts, args.tokens or 32, args.repeats or 1,
+                                   progress=lambda s: print(s, file=sys.stderr, flush=True))
+    except ValueError as exc:
+        print(f"jumpahead bench decode: {exc}", file=sys.stderr)
+        return 2
+    return emit(result, args.out)
