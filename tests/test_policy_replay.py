@@ -102,3 +102,29 @@ def test_window_after_an_agents_own_compaction() -> None:
     assert dropped is not None and 0 < len(turn.messages) < len(full)
     assert turn.messages == full[len(full) - len(turn.messages):]  # the newest messages of its own context
     assert len(prompt) <= 2048 and prompt == render_prompt(tokenizer, turn)
+
+
+def test_show_reasoning_template_variant() -> None:
+    """`replay --show-reasoning`: a copy of the tokenizer whose template writes earlier
+    reasoning into the prompt; the served tokenizer is left as it is."""
+    from jumpahead.traces.templates import TemplateError, showing_reasoning
+
+    tokenizer = default_tokenizer()
+    template = tokenizer._tokenizer.chat_template
+    session = load_public(SESSIONS[0])  # mini-swe-agent: every step has reasoning
+    index = session.assistant_indices()[3]
+    turn = session.turn(index)
+    reasoning = next(m.reasoning for m in turn.messages if m.role == "assistant" and m.reasoning)
+    shown = showing_reasoning(tokenizer)
+    plain_text = tokenizer.decode(render_prompt(tokenizer, turn))
+    shown_text = tokenizer.decode(render_prompt(shown, turn))
+    assert reasoning.strip()[:80] not in plain_text
+    assert f"<think>\n{reasoning.strip()[:80]}" in shown_text.replace("<think>\n\n", "<think>\n")
+    assert tokenizer._tokenizer.chat_template == template  # the original is untouched
+    assert shown.encode("x y z") == tokenizer.encode("x y z") and shown.eos_token_id == tokenizer.eos_token_id
+
+    class Other:
+        chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+
+    with pytest.raises(TemplateError, match="embedded default"):
+        showing_reasoning(Other())

@@ -51,6 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "model's window minus the longest output)")
     parser.add_argument("--max-output-tokens", type=_count, default=DEFAULT_MAX_OUTPUT, metavar="N",
                         help=f"skip turns whose recorded output is longer (default: {DEFAULT_MAX_OUTPUT}; 0: no limit)")
+    parser.add_argument("--show-reasoning", action="store_true",
+                        help="render earlier assistant reasoning into prompts (<think>...</think>, as reasoning "
+                             "models' templates do; the embedded template drops it), so reasoning compaction "
+                             "and thinking clearing have something to remove (embedded default model only)")
     parser.add_argument("--out", default=None, metavar="FILE.json", help="also write the JSON here")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.add_argument("--live", action="store_true",
@@ -111,9 +115,18 @@ def run(args: argparse.Namespace) -> int:
         loaded = load_model(args.model, progress=say)
     except Exception as exc:
         return _fail(f"cannot load model {args.model or '(default)'}: {type(exc).__name__}: {exc}")
+    if args.show_reasoning:
+        from .templates import TemplateError, showing_reasoning
+
+        try:
+            loaded = (loaded[0], showing_reasoning(loaded[1]), loaded[2])
+        except TemplateError as exc:
+            return _fail(str(exc))
     doc = replay(sessions, options, loaded,
                  progress=None if args.quiet else (lambda total, turns: Progress(total, turns)),
                  warn=lambda m: print(f"jumpahead replay: WARNING: {m}", file=sys.stderr))
+    if args.show_reasoning:
+        doc["options"]["template"] = "earlier reasoning shown (--show-reasoning)"
     emit(doc, args.out)
     return 0
 
