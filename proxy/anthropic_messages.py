@@ -274,6 +274,8 @@ def parse_messages_request(body: Any, *, for_counting: bool = False) -> Turn:
     if messages[-1].role == "assistant" and not messages[-1].tool_calls:
         extra["continue_final_message"] = True  # Anthropic prefill: the answer continues it
     model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise invalid_request(f"model must be a string, got {type(model).__name__}", param="model")
     return Turn(
         messages=messages,
         tools=tools,

@@ -278,6 +278,8 @@ def parse_chat_request(body: Any, vocab_size: int | None = None) -> Turn:
         include_usage = _boolean(_object(stream_options, "stream_options"), "include_usage")
 
     model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise invalid_request(f"model must be a string, got {type(model).__name__}", param="model")
     extra = {k: body[k] for k in ("jumpahead", "reasoning_effort", "metadata", "user", "response_format", "parallel_tool_calls",
                                   "continue_final_message") if k in body}
     return Turn(

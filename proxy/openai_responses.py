@@ -307,6 +307,8 @@ def parse_responses_request(body: Any, store: ResponseStore | None = None) -> tu
         seed=None if seed is None else seed & _SEED_MASK,
     )
     model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise invalid_request(f"model must be a string, got {type(model).__name__}", param="model")
     extra = {k: body[k] for k in ("jumpahead", "reasoning", "metadata", "user", "prompt_cache_key", "parallel_tool_calls",
                                   "text", "include", "truncation") if k in body}
     turn = Turn(

@@ -19,6 +19,7 @@ _OBJ = {"type": "object"}
 _POS_INT = {"type": "integer", "minimum": 1}
 _TOP_P = {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
 _NULLABLE = {"type": "null"}
+_FUNCTION_TYPED = {"properties": {"type": {"const": "function"}}}  # also true when "type" is absent
 
 
 def _one_of(*schemas: dict[str, Any]) -> dict[str, Any]:
@@ -45,11 +46,10 @@ CHAT_REQUEST: dict[str, Any] = {
             "properties": {"role": {"enum": ["system", "developer", "user", "assistant", "tool", "function"]},
                            "content": _CHAT_CONTENT, "name": _STR, "tool_call_id": _STR,
                            "tool_calls": {"type": "array", "items": _CHAT_TOOL_CALL}}}},
-        "tools": {"type": "array", "items": {"type": "object", "properties": {
-            "type": _STR,
+        # a tool whose type is not "function" (hosted tools) is skipped, whatever it holds
+        "tools": {"type": "array", "items": {"type": "object", "if": _FUNCTION_TYPED, "then": {"properties": {
             "function": {"type": "object", "required": ["name"],
-                         "properties": {"name": {"type": "string", "minLength": 1}, "description": _STR,
-                                        "parameters": _OBJ}}}}},
+                         "properties": {"name": {"type": "string", "minLength": 1}, "parameters": _OBJ}}}}}},
         "tool_choice": _one_of({"enum": ["auto", "none", "required"]}, _OBJ),
         "max_tokens": _POS_INT, "max_completion_tokens": _POS_INT,
         "n": {"type": "integer", "minimum": 1, "maximum": 1},
@@ -87,8 +87,9 @@ MESSAGES_REQUEST: dict[str, Any] = {
         "seed": _INT,
         "stop_sequences": {"type": "array", "items": _STR},
         "stream": _BOOL,
-        "tools": {"type": "array", "items": {"type": "object", "properties": {
-            "name": {"type": "string", "minLength": 1}, "description": _STR, "input_schema": _OBJ}}},
+        # a tool without input_schema is a server tool (web_search, ...): skipped
+        "tools": {"type": "array", "items": {"type": "object", "if": {"required": ["input_schema"]}, "then": {
+            "required": ["name"], "properties": {"name": {"type": "string", "minLength": 1}, "input_schema": _OBJ}}}},
         "tool_choice": {"type": "object", "properties": {"type": {"enum": ["auto", "any", "tool", "none"]},
                                                           "name": _STR}},
         "thinking": _OBJ,
@@ -116,8 +117,8 @@ RESPONSES_REQUEST: dict[str, Any] = {
         "stream": _BOOL,
         "store": _BOOL,
         "include": {"type": "array", "items": _STR},
-        "tools": {"type": "array", "items": {"type": "object", "properties": {"type": _STR, "name": _STR,
-                                                                              "parameters": _OBJ}}},
+        "tools": {"type": "array", "items": {"type": "object", "if": _FUNCTION_TYPED, "then": {
+            "required": ["name"], "properties": {"name": {"type": "string", "minLength": 1}, "parameters": _OBJ}}}},
         "tool_choice": _one_of({"enum": ["auto", "none", "required"]}, _OBJ),
         "reasoning": _OBJ,
         "jumpahead": _JUMPAHEAD,

@@ -9,6 +9,7 @@ A file no importer reads is a one-line error naming the known formats, exit 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,11 @@ def _write(sessions: list[Any], out_dir: Path) -> list[str]:
         while str(path) in written:  # two files holding the same session id
             n += 1
             path = out_dir / f"{stem}-{n}.json"
-        path.write_bytes(orjson.dumps(s.to_dict(), option=orjson.OPT_INDENT_2))
+        if path.is_symlink():  # planted in DIR: replace the link, never write through it
+            path.unlink()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(orjson.dumps(s.to_dict(), option=orjson.OPT_INDENT_2))
         written.append(str(path))
     return written
 
