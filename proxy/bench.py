@@ -13,6 +13,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "decode": ("jumpahead.engine.bench_decode", "decode tokens/s vs mlx-lm stream_generate and BatchGenerator"),
     "fill": ("jumpahead.engine.bench_fill", "strict fill, echo and mixed batches vs ordinary decoding"),
     "cache": ("jumpahead.engine.bench_cache", "time to first token: cold vs RAM hit vs SSD hit"),
+    "proxy": ("jumpahead.proxy.upstream.bench", "upstream mode: added latency vs the upstream direct; "
+              "prefix-cache hits with affinity vs round-robin"),
     "attention": ("jumpahead.engine.bench_attention", "prefill/decode by context: numpy-softmax attention vs MLX's kernel"),
 }
 

@@ -75,6 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--script-prompt-limit", type=_positive, default=None, metavar="N",
                         help="script mode: cut longer prompts to N tokens (head and tail) before prefill; "
                              "the scripted answer does not depend on them (default: the model's context)")
+    from .upstream.serve import add_arguments as add_upstream_arguments
+
+    add_upstream_arguments(parser)
     parser.add_argument("--api-key", default=None, metavar="KEY",
                         help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on every endpoint but "
                              "/health (default: $JUMPAHEAD_API_KEY; unset: no key)")
@@ -118,7 +121,8 @@ def _policy_specs(args: argparse.Namespace) -> list:
     # ~20k tokens): fit runs last, on what the other policies left. Script mode keeps
     # its own prompt cut (--script-prompt-limit): replay measures the recorded prompts.
     if getattr(args, "model", None) is None and not getattr(args, "no_fit", False) \
-            and not getattr(args, "script", None) and not any(s.name == "fit" for s in specs):
+            and not getattr(args, "script", None) and not getattr(args, "upstream", None) \
+            and not any(s.name == "fit" for s in specs):
         specs.append(parse_spec("fit"))
     for spec in specs:
         spec.build()
@@ -162,6 +166,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # PolicyError: a bad spec, a module that does not import, bad options
         print(f"jumpahead: {exc}", file=sys.stderr)
         return 2
+
+    if getattr(args, "upstream", None):  # tokens from upstream engines (proxy/upstream/)
+        from .upstream.serve import run as run_upstream
+
+        return run_upstream(args, policy_specs, trace_dir, access)
 
     import jumpahead.engine  # noqa: F401  (loads OpenBLAS before mlx)
     from jumpahead.engine.engine import Engine, EngineConfig
