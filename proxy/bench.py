@@ -16,6 +16,10 @@ KINDS: dict[str, tuple[str, str]] = {
     "proxy": ("jumpahead.proxy.upstream.bench", "upstream mode: added latency vs the upstream direct; "
               "prefix-cache hits with affinity vs round-robin"),
     "attention": ("jumpahead.engine.bench_attention", "prefill/decode by context: numpy-softmax attention vs MLX's kernel"),
+    "forecast": ("jumpahead.traces.bench_forecast", "who finishes last: forecast vs remaining max_tokens on replayed real turns"),
+    "load": ("jumpahead.proxy.bench_load", "N concurrent streaming clients, mixed protocols: errors, latency, RSS"),
+    "disconnect": ("jumpahead.proxy.bench_disconnect", "clients vanishing mid-prefill and mid-stream: rows, memory, next request"),
+    "crash": ("jumpahead.proxy.bench_crash", "SIGKILL during SSD cache and trace writes: restart, outputs, traces"),
 }
 
 

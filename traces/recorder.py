@@ -177,6 +177,10 @@ class TraceRecorder(BaseHooks):
                     _, turns, _ = read_trace(path)
                     self._next[session] = 1 + max((int(t.get("index", -1)) for t in turns), default=-1)
                     header["resumed"] = True
+                    with path.open("rb") as fh:  # (fd is write-only)
+                        fh.seek(existing - 1)
+                        if fh.read(1) != b"\n":
+                            _write(fd, b"\n")  # end a half-written last line, or our header joins it
                 else:
                     self._next[session] = 0
                 _write(fd, dumps_line(header))
