@@ -69,7 +69,7 @@ CHAT_REQUEST: dict[str, Any] = {
     },
 }
 
-_BLOCKS = _one_of(_STR, {"type": "array", "items": {"type": "object", "properties": {"type": _STR}}})
+_BLOCKS = _one_of(_STR, _OBJ, {"type": "array", "items": _one_of(_STR, _OBJ)})  # unknown block types are skipped
 MESSAGES_REQUEST: dict[str, Any] = {
     "type": "object",
     "required": ["messages"],
@@ -190,7 +190,8 @@ def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
     health = _get("health", "model, device, BLAS, rows running (no API key needed)")
     health["security"] = []
     paths["/health"] = {"get": health}
-    paths["/metrics"] = {"get": _get("metrics", "engine, server, policy counters")}
+    paths["/metrics"] = {"get": _get("metrics", "engine, server, policy counters (Prometheus text format)")}
+    paths["/metrics.json"] = {"get": _get("metrics_json", "the same counters as JSON")}
     paths["/openapi.json"] = {"get": _get("openapi", "this document")}
     return {
         "openapi": "3.1.0",
