@@ -9,9 +9,13 @@ an agent sends next. Arms, in one process on one loaded model:
 
 - cold: an engine with the prefix cache off runs turn B;
 - ram:  an engine with the cache on runs turn A, then turn B (hit from RAM);
-- ssd:  a new engine over a copy of the cache directory as it was after turn A (its
-        files dropped from the OS page cache with posix_fadvise, so they are read from
-        the device), runs turn B (hit from SSD).
+- ssd:  a restart: a new process loads the model and starts an engine over a copy of
+        the cache directory as it was after turn A (its files dropped from the OS page
+        cache with posix_fadvise, so they are read from the device), and runs turn B
+        (hit from SSD); the child reports its time to first token and its tokens.
+
+Every arm's tokens are compared with the cold arm's, each run; a difference fails
+the command (exit 1).
 
 It also measures the effect of a per-request value at the top of a prompt (Claude
 Code's `x-anthropic-billing-header` system line) on reuse, from the captured client
@@ -130,6 +134,42 @@ def drop_page_cache(directory: Path) -> bool:
     return True
 
 
+def restarted(model: str | None, cache_dir: Path, prompt: list[int], max_tokens: int, work: Path) -> dict[str, Any]:
+    """Turn `prompt` in a new process (`--ssd-child`): load the model, open the cache
+    directory, run the request. Its time to first token excludes the model load."""
+    import subprocess
+
+    request = work / "ssd-child.json"
+    request.write_text(json.dumps({"model": model, "cache_dir": str(cache_dir), "prompt": prompt,
+                                   "max_tokens": max_tokens}))
+    done = subprocess.run([sys.executable, "-m", "jumpahead.engine.bench_cache", "--ssd-child", str(request)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the restarted process failed (exit {done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def ssd_child(request_file: str) -> int:
+    """The restarted process of the SSD arm: prints one JSON line."""
+    import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
+
+    from .engine import Engine, EngineConfig
+    from .loader import load_model
+
+    req = json.loads(Path(request_file).read_text())
+    m, tok, info = load_model(req["model"], progress=lambda s: None)
+    t0 = time.perf_counter()
+    eng = Engine(m, tok, info, EngineConfig(prefix_cache_dir=req["cache_dir"]))
+    index_s = time.perf_counter() - t0
+    try:
+        out = timed(eng, req["prompt"], req["max_tokens"])
+        out.update(index_s=index_s, prefix_cache=eng.metrics()["prefix_cache"], pid=os.getpid())
+    finally:
+        eng.close()
+    print(json.dumps(out))
+    return 0
+
+
 # --- billing header ----------------------------------------------------------------------
 
 
@@ -205,7 +245,7 @@ def run(
     ram_dir, ssd_dir = root / "ram", root / "ssd"
     for d in (ram_dir, ssd_dir):
         shutil.rmtree(d, ignore_errors=True)
-    result: dict[str, Any] = {"model": info.name, "session": str(trace_path), "turn_index": k}
+    result: dict[str, Any] = {"model": info.name, "session": str(trace_path), "turn_index": k, "pid": os.getpid()}
     try:
         # RAM arm: turn A populates the cache, turn B hits it
         eng = Engine(m, tok, info, EngineConfig(prefix_cache_dir=str(ram_dir)))
@@ -223,16 +263,11 @@ def run(
         eng.close()
         del eng
 
-        # SSD arm: a new engine over the directory as it was after turn A
+        # SSD arm: a restart (a new process) over the directory as it was after turn A
         dropped = drop_page_cache(ssd_dir)
-        t0 = time.perf_counter()
-        eng = Engine(m, tok, info, EngineConfig(prefix_cache_dir=str(ssd_dir)))
-        index_s = time.perf_counter() - t0
-        ssd = timed(eng, turn_b, gen_tokens)
-        ssd_stats = eng.metrics()["prefix_cache"]
-        progress(f"turn B, SSD hit: ttft {ssd['ttft_s']}s, cached {ssd['cached_tokens']}")
-        eng.close()
-        del eng
+        ssd = restarted(model, ssd_dir, turn_b, gen_tokens, root)
+        index_s, ssd_stats = ssd["index_s"], ssd["prefix_cache"]
+        progress(f"turn B, SSD hit after a restart: ttft {ssd['ttft_s']}s, cached {ssd['cached_tokens']}")
 
         # cold arm
         eng = Engine(m, tok, info, EngineConfig(prefix_cache=False))
@@ -254,7 +289,7 @@ def run(
         "turn_b_tokens": len(turn_b),
         "cold": arm(cold),
         "ram_hit": arm(ram),
-        "ssd_hit": {**arm(ssd), "index_s": round(index_s, 3), "page_cache_dropped": dropped,
+        "ssd_hit": {**arm(ssd), "pid": ssd["pid"], "new_process": ssd["pid"] != os.getpid(), "index_s": round(index_s, 3), "page_cache_dropped": dropped,
                     "bytes_read": ssd_stats.get("ssd_load_bytes", 0)},
         "ratio_ram": round(cold["ttft_s"] / ram["ttft_s"], 2),
         "ratio_ssd": round(cold["ttft_s"] / ssd["ttft_s"], 2),
@@ -276,10 +311,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen", type=int, default=16, help="tokens the model generates per turn (default 16)")
     ap.add_argument("--trace", default=None, help="a mini-swe-agent .traj.json (default: the one in ../shared)")
     ap.add_argument("--work-dir", default=None, help="keep the cache directories here (default: a temp dir)")
+    ap.add_argument("--out", default=None, help="also write the JSON result to this file")
+    ap.add_argument("--ssd-child", default=None, help=argparse.SUPPRESS)  # the SSD arm's restarted process
     args = ap.parse_args(argv)
-    out = run(args.model, args.context, args.gen, args.trace, args.work_dir)
-    print(json.dumps(out, indent=2))
-    return 0
+    if args.ssd_child:
+        return ssd_child(args.ssd_child)
+    from .bench_output import emit
+
+    return emit(run(args.model, args.context, args.gen, args.trace, args.work_dir), args.out)
 
 
 if __name__ == "__main__":

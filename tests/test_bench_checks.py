@@ -1,0 +1,53 @@
+"""What the bench commands claim: identical outputs are checked from the token lists
+(a difference fails the command), and `bench cache`'s SSD arm is a real restart."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jumpahead.engine.bench_output import emit, mismatches
+
+from .conftest import shared_path
+
+
+def test_mismatches_finds_every_false_identity_flag() -> None:
+    result = {
+        "copy_heavy": {"identical_outputs": True},
+        "mixed": {"identical_outputs": False, "ratio": 1.0},
+        "same_tokens": {"ram_vs_cold": True, "ssd_vs_cold": False},
+        "per_batch": [{"identical_outputs": True}, {"identical_outputs": False}],
+        "strict_asserted_vs_constrained": {"identical_outputs": "3/7"},  # a count, not a claim
+    }
+    assert mismatches(result) == ["mixed.identical_outputs", "same_tokens.ssd_vs_cold",
+                                  "per_batch[1].identical_outputs"]
+    assert mismatches({"a": {"identical_outputs": True}, "same_tokens": {"x": True}}) == []
+
+
+def test_emit_fails_loudly_on_a_difference(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.json"
+    assert emit({"identical_outputs": True}, str(out)) == 0
+    assert json.loads(out.read_text()) == {"identical_outputs": True}
+    assert emit({"arm": {"identical_outputs": False}}) == 1
+    err = capsys.readouterr().err
+    assert "BENCH FAILED" in err and "arm.identical_outputs" in err
+
+
+@pytest.mark.slow  # three ~2k-token prefills and a second model load
+def test_bench_cache_ssd_arm_is_a_new_process(tmp_path: Path) -> None:
+    shared_path("traces", "public", "mini-swe-agent")
+    out = tmp_path / "cache.json"
+    run = subprocess.run([sys.executable, "-m", "jumpahead.engine.bench_cache", "--context", "2100", "--gen", "4",
+                          "--out", str(out)], capture_output=True, text=True, timeout=3000,
+                         env={**os.environ, "JUMPAHEAD_HOME": str(tmp_path / "home")})
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    ssd = result["ssd_hit"]
+    assert ssd["new_process"] and ssd["pid"] != result["pid"] and "after a restart" in run.stderr
+    assert ssd["cached_tokens"] > 1000 and ssd["bytes_read"] > 0, ssd
+    assert result["same_tokens"] == {"ram_vs_cold": True, "ssd_vs_cold": True}
