@@ -283,3 +283,55 @@ def test_required_answers_in_the_family_format_over_http(default_folder, tmp_pat
         assert own_parse(family, tok, raw) == calls, (family, raw)
         if family != "harmony":  # see test_harmony_grammar_accepts_the_harmony_message_layout
             assert squash(raw) == squash(rendered_calls(family, tok, calls)), (family, raw)
+
+
+# --- proxy wiring --------------------------------------------------------------------------
+
+
+def _turn(**kw: Any) -> Any:
+    from jumpahead.proxy.turn import Message, Tool, ToolChoice, Turn
+
+    tools = [Tool(t["function"]["name"], t["function"]["description"], t["function"]["parameters"]) for t in TOOLS]
+    return Turn(messages=[Message("user", "hi")], tools=tools, tool_choice=kw.pop("choice", ToolChoice("required")), **kw)
+
+
+def test_tool_choice_maps_to_the_family_grammar(tokenizers):
+    from jumpahead.proxy.errors import APIError
+    from jumpahead.proxy.runner import strict_fill_fields
+    from jumpahead.proxy.turn import ToolChoice
+
+    for family, tok in tokenizers.items():
+        turn = _turn()
+        grammar, _ = strict_fill_fields(tok, turn, turn.tools, False)
+        assert (grammar["type"], grammar["family"], grammar["parallel"]) == ("tool_calls", family, True)
+        assert "count" not in grammar and "name" not in grammar
+    tok = tokenizers["kimi"]
+    turn = _turn(choice=ToolChoice("function", "add"), extra={"parallel_tool_calls": False, "jumpahead": {"tool_calls": 3}})
+    grammar, _ = strict_fill_fields(tok, turn, turn.tools, False)
+    assert (grammar["name"], grammar["parallel"], grammar["count"]) == ("add", False, 3)
+    turn = _turn(choice=ToolChoice("auto"))
+    assert strict_fill_fields(tok, turn, turn.tools, False)[0] is None  # auto: the template scaffold only
+    for bad in (0, 65, "2", 1.5, True):
+        turn = _turn(extra={"jumpahead": {"tool_calls": bad}})
+        with pytest.raises(APIError) as err:
+            strict_fill_fields(tok, turn, turn.tools, False)
+        assert err.value.status == 400 and "jumpahead.tool_calls" in str(err.value)
+
+
+@pytest.mark.parametrize("family", ["harmony", "deepseek_v3", "llama3_json"])
+def test_output_parser_reads_families_mlx_lm_has_no_parser_for(tokenizers, family):
+    from jumpahead.proxy.output_parser import OutputParser
+    from jumpahead.proxy.turn import ToolCallDelta
+
+    tok = tokenizers[family]
+    text = {"harmony": '<|channel|>commentary to=functions.get_weather<|constrain|>json<|message|>{"city": "Paris"}'
+                       '<|call|><|start|>assistant<|channel|>commentary to=functions.add<|constrain|>json<|message|>'
+                       '{"a": 2, "b": 3}<|call|>'}.get(family) or rendered_calls(family, tok, CALLS_2)
+    turn = _turn()
+    parser = OutputParser.for_tokenizer(tok, turn.tools)
+    events = [e for i in range(0, len(text), 7) for e in parser.feed(text[i:i + 7])] + parser.finish()
+    calls = [(e.call.name, json.loads(e.call.arguments)) for e in events if isinstance(e, ToolCallDelta)]
+    assert calls == CALLS_2 and not parser.malformed and all(not c.issues for c in parser.tool_calls)
+    # without tools the same text is plain content
+    plain = OutputParser.for_tokenizer(tok, None)
+    assert not [e for e in plain.feed(text) + plain.finish() if isinstance(e, ToolCallDelta)]
