@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "upstream", None):  # tokens from upstream engines (proxy/upstream/)
         from .upstream.serve import run as run_upstream
 
-        return run_upstream(args, policy_specs, trace_dir, access)
+        return run_upstream(args, policy_specs, trace_dir, access, script)
 
     import jumpahead.engine  # noqa: F401  (loads OpenBLAS before mlx)
     from jumpahead.engine.engine import Engine, EngineConfig

@@ -40,6 +40,7 @@ from jumpahead.engine.types import EngineError, GenerationRequest, Timings, Toke
 from ..errors import APIError
 from ..exchange import BaseHooks, Exchange
 from ..prompt import prompt_opens_reasoning
+from ..script import ScriptedProposer
 from ..turn import Turn
 from .replicas import Replica, ReplicaSet
 from .translate import OutputText, chat_body
@@ -341,6 +342,14 @@ class _Run:
         replica: Replica | None = None
         finish = "stop"
         prefix: str | None = None
+        scripted = next((p for p in self.req.proposers if isinstance(p, ScriptedProposer)), None)
+        if scripted is not None:  # script mode (replay --live): the recorded turn, no upstream call
+            eos = set(getattr(self.e.tokenizer, "eos_token_ids", ()) or ())
+            body = [t for t in scripted.tokens if t not in eos]
+            scripted.cursor = len(scripted.tokens)
+            yield self._chunk(self.e.tokenizer.decode(body), "scripted", body)
+            yield self._end("stop", t0, time.perf_counter(), None)
+            return
         while True:
             budget = None
             if self.turn.max_tokens is not None:
@@ -407,16 +416,19 @@ class _Run:
         self.e.counters["requests"] += 1
         if self.text.mismatches:
             self.e.counters["continued_call_mismatches"] += self.text.mismatches
+        yield self._end(finish, t0, first_at, replica)
+
+    def _end(self, finish: str, t0: float, first_at: float | None, replica: Replica | None) -> TokenChunk:
         end = time.perf_counter()
         first = first_at if first_at is not None else end
         fill = {"tokens": dict(self.kinds), "upstream": {
             "replica": replica.url if replica else None, "requests": self.requests, "jumps": self.jumps,
             "completion_tokens": self.upstream_completion}}
-        yield TokenChunk([], [], "", finish_reason="length" if finish == "length" else "stop",
-                         prompt_tokens=self.prompt_tokens or len(self.req.prompt),
-                         completion_tokens=len(self.tokens), cached_tokens=self.cached_tokens,
-                         timings=Timings(prefill_s=first - t0, decode_s=end - first, rounds=self.requests),
-                         fill=fill)
+        return TokenChunk([], [], "", finish_reason="length" if finish == "length" else "stop",
+                          prompt_tokens=self.prompt_tokens or len(self.req.prompt),
+                          completion_tokens=len(self.tokens), cached_tokens=self.cached_tokens,
+                          timings=Timings(prefill_s=first - t0, decode_s=end - first, rounds=self.requests),
+                          fill=fill)
 
     def _usage(self, usage: dict[str, Any]) -> None:
         if not self.prompt_tokens:  # the first request's prompt: the continuations re-send it
@@ -463,27 +475,3 @@ async def _sse_events(response: httpx.Response, url: str) -> AsyncIterator[tuple
         raise APIError(f"upstream {url} closed the stream before the answer ended", status=502,
                        type="server_error", code="upstream_error")
 
-
-def upstream_generator(engine: UpstreamEngine) -> Any:
-    """`generate(prompt_text, max_tokens) -> text` on the upstream (policies'
-    RequestContext.generate, e.g. model-written summaries; blocking, off the loop)."""
-
-    def generate(prompt_text: str, max_tokens: int) -> str:
-        body: dict[str, Any] = {"messages": [{"role": "user", "content": prompt_text}],
-                                "max_tokens": max(1, int(max_tokens)), "temperature": 0.0}
-        if engine.model:
-            body["model"] = engine.model
-        errors = []
-        for replica in engine.replicas.order(""):
-            try:
-                r = httpx.post(f"{replica.url}/chat/completions", json=body, headers=engine._headers(),
-                               timeout=engine.config.read_timeout_s)
-            except httpx.HTTPError as exc:
-                errors.append(f"{replica.url}: {type(exc).__name__}")
-                continue
-            if r.status_code != 200:
-                raise RuntimeError(f"upstream {replica.url} answered {r.status_code}: {_upstream_message(r.content)}")
-            return str(r.json()["choices"][0]["message"].get("content") or "")
-        raise RuntimeError("no upstream replica answered: " + "; ".join(errors))
-
-    return generate

@@ -55,13 +55,41 @@ def config_from_args(args: argparse.Namespace) -> Any:
                           read_timeout_s=args.upstream_read_timeout, continuation=continuation)
 
 
-def run(args: argparse.Namespace, policy_specs: list, trace_dir: str | None, access: Any = None) -> int:
+def upstream_generator(engine: Any) -> Any:
+    """`generate(prompt_text, max_tokens) -> text` on the upstream (policies'
+    RequestContext.generate, e.g. model-written summaries; blocking, off the loop)."""
+
+    import httpx
+
+    from .engine import _upstream_message
+
+    def generate(prompt_text: str, max_tokens: int) -> str:
+        body: dict[str, Any] = {"messages": [{"role": "user", "content": prompt_text}],
+                                "max_tokens": max(1, int(max_tokens)), "temperature": 0.0}
+        if engine.model:
+            body["model"] = engine.model
+        errors = []
+        for replica in engine.replicas.order(""):
+            try:
+                r = httpx.post(f"{replica.url}/chat/completions", json=body, headers=engine._headers(),
+                               timeout=engine.config.read_timeout_s)
+            except httpx.HTTPError as exc:
+                errors.append(f"{replica.url}: {type(exc).__name__}")
+                continue
+            if r.status_code != 200:
+                raise RuntimeError(f"upstream {replica.url} answered {r.status_code}: {_upstream_message(r.content)}")
+            return str(r.json()["choices"][0]["message"].get("content") or "")
+        raise RuntimeError("no upstream replica answered: " + "; ".join(errors))
+
+    return generate
+
+
+def run(args: argparse.Namespace, policy_specs: list, trace_dir: str | None, access: Any = None,
+        script: Any = None) -> int:
+    """`script` (serve --script, replay --live): each request is answered with the next
+    recorded turn, as in-process, without asking the upstream."""
     log = logging.getLogger("jumpahead.serve")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per upstream request and health check
-    if getattr(args, "script", None):
-        print("jumpahead: --script replays through the in-process model; it cannot be used with --upstream",
-              file=sys.stderr)
-        return 2
     try:
         config = config_from_args(args)
     except ValueError as exc:
@@ -70,7 +98,7 @@ def run(args: argparse.Namespace, policy_specs: list, trace_dir: str | None, acc
 
     from jumpahead.traces.analysis import load_tokenizer
 
-    from .engine import UpstreamEngine, UpstreamHooks, upstream_generator
+    from .engine import UpstreamEngine, UpstreamHooks
 
     try:
         tokenizer = load_tokenizer(args.model)
@@ -100,7 +128,7 @@ def run(args: argparse.Namespace, policy_specs: list, trace_dir: str | None, acc
         log.info("recording traces in %s", trace_dir)
     hooks.append(UpstreamHooks())
     try:
-        app = create_app(engine, hooks=hooks, access=access,
+        app = create_app(engine, script=script, hooks=hooks, access=access,
                          **({"max_body_bytes": args.max_body_bytes} if getattr(args, "max_body_bytes", None) else {}))
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     finally:

@@ -91,7 +91,7 @@ def chat_body(turn: Turn, model: str | None, *, prefix: str | None = None,
             body["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
         else:
             body["tool_choice"] = choice.mode
-    for key in ("response_format", "reasoning_effort"):
+    for key in ("response_format", "reasoning_effort", "parallel_tool_calls"):
         if turn.extra.get(key) is not None:
             body[key] = turn.extra[key]
     if turn.thinking is not None:
@@ -216,6 +216,15 @@ class OutputText:
         for body in _call_renderings(entry["name"], entry["args"]):
             if body.startswith(body_so_far):
                 return f"{body[len(body_so_far):]}\n{self.tool[1]}"
+        # Engines that stream a continued call's arguments as the text after the prefix
+        # (jumpahead): the prefix plus that text is the call.
+        for rest in (entry["args"] + "}", entry["args"]):
+            try:
+                whole = json.loads(body_so_far + rest)
+            except ValueError:
+                continue
+            if isinstance(whole, dict) and "arguments" in whole:
+                return f"{rest}\n{self.tool[1]}"
         self.mismatches += 1  # cannot extend what was written: close it and write the call whole
         return f"\n{self.tool[1]}\n{self.tool[0]}\n{_call_renderings(entry['name'], entry['args'])[0]}\n{self.tool[1]}"
 
