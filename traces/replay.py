@@ -38,6 +38,7 @@ from jumpahead.proxy.runner import complete_turn, prepare_turn
 from jumpahead.proxy.script import ScriptedCall, ScriptTurn, render_turn, turn_tokens
 
 from .arms import BASELINE, Arm, policy_hooks
+from .recorded import recorded_output
 from .session import Session, SessionMessage
 from .window import Window, WindowTooSmall, fit
 
@@ -92,6 +93,9 @@ def _arguments(value: Any) -> Any:
 
 
 def forced_output(tokenizer: Any, message: SessionMessage, tools: list | None, in_reasoning: bool) -> tuple[str, list[int]]:
+    recorded = recorded_output(tokenizer, message)  # our own traces: the ids the model emitted (traces/recorded.py)
+    if recorded is not None:
+        return recorded
     text = render_turn(tokenizer, script_turn(message), in_reasoning=in_reasoning, tools=tools, prefer_template=True)
     return text, turn_tokens(tokenizer, text)
 

@@ -134,8 +134,12 @@ class Session:
         return out
 
     def turn(self, index: int) -> Any:
-        """The proxy `Turn` that asks for assistant message `index` (its history before it)."""
-        from jumpahead.proxy.turn import Tool, Turn
+        """The proxy `Turn` that asks for assistant message `index` (its history before it).
+
+        Where the source recorded the request's tool choice and thinking switch (our own
+        traces, in the message's meta), the Turn asks with them: a required or named
+        tool choice constrains the answer (and strict fill) by a grammar."""
+        from jumpahead.proxy.turn import Tool, ToolChoice, Turn
 
         if self.messages[index].role != "assistant":
             raise ValueError(f"message {index} is a {self.messages[index].role} message, not an assistant turn")
@@ -144,4 +148,11 @@ class Session:
             fn = t.get("function", t)
             if isinstance(fn, dict) and fn.get("name"):
                 tools.append(Tool(fn["name"], fn.get("description", "") or "", fn.get("parameters") or fn.get("input_schema")))
-        return Turn(messages=self.turn_messages(index), tools=tools)
+        turn = Turn(messages=self.turn_messages(index), tools=tools)
+        meta = self.messages[index].meta
+        choice = meta.get("tool_choice")
+        if isinstance(choice, dict) and choice.get("mode"):
+            turn.tool_choice = ToolChoice(str(choice["mode"]), choice.get("name"))
+        if isinstance(meta.get("thinking"), bool):
+            turn.thinking = meta["thinking"]
+        return turn

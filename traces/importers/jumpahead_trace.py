@@ -67,8 +67,17 @@ def _client_message(m: dict[str, Any]) -> SessionMessage:
 
 
 def _meta(turn: dict[str, Any]) -> dict[str, Any]:
-    return {"runs": (turn.get("response") or {}).get("runs", []), "timings": turn.get("timings", {}),
-            "usage": turn.get("usage", {}), "turn_index": turn.get("index")}
+    response = turn.get("response") or {}
+    ctx = turn.get("context") or {}
+    meta = {"runs": response.get("runs", []), "timings": turn.get("timings", {}),
+            "usage": turn.get("usage", {}), "turn_index": turn.get("index"),
+            # what replay needs to ask for this turn as the server did (Session.turn)
+            "tool_choice": ctx.get("tool_choice"), "thinking": ctx.get("thinking"),
+            "methods": turn.get("methods", []), "prompt_tokens": turn.get("prompt_tokens"),
+            "finish_reason": response.get("finish_reason")}
+    if turn.get("continues"):
+        meta["continues"] = True  # the runs hold only the continuation of the client's prefix
+    return meta
 
 
 def _answer(turn: dict[str, Any], model: str | None) -> SessionMessage:
