@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx  # the jumpahead.engine package has loaded OpenBLAS by now
 import mlx.nn as nn
@@ -66,6 +67,7 @@ def load_model(
         name = Path(str(model).rstrip("/")).name
     progress(f"loading {name}")
     net, tokenizer, config = mlx_lm_load(str(path), return_config=True)
+    quiet_length_warning(tokenizer)
 
     quantization = config.get("quantization")
     if dequantize is None:
@@ -95,6 +97,20 @@ def load_model(
     progress(f"loaded {name}: {info.n_layers} layers, {info.dtype}"
              + (" (dequantized)" if dequantized else "") + f" in {info.load_s:.1f}s")
     return net, tokenizer, info
+
+
+def quiet_length_warning(tokenizer: Any) -> None:
+    """Silence transformers' "sequence longer than the specified maximum" warning.
+
+    The engine checks prompts against the model's context itself (and the fit policy
+    shrinks long ones first), so that warning, printed when a 20k-token agent prompt
+    is tokenized before being fitted, only misleads. transformers shows it once per
+    tokenizer, keyed in `deprecation_warnings`: mark it as shown.
+    """
+    inner = getattr(tokenizer, "_tokenizer", tokenizer)
+    warnings = getattr(inner, "deprecation_warnings", None)
+    if isinstance(warnings, dict):
+        warnings["sequence-length-is-longer-than-the-specified-maximum"] = True
 
 
 def decode_ms_per_step(model: nn.Module, context: int = 256, steps: int = 8) -> float:

@@ -10,6 +10,7 @@ Model reasoning becomes thinking blocks; tool calls become tool_use blocks.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -19,6 +20,8 @@ from jumpahead.engine.types import SamplingParams
 from . import sse
 from .errors import anthropic_error_body, invalid_request
 from .fields import boolean, integer, number, obj
+from .signing import Signer, default_signer
+from .tool_stream import partial_json
 from .turn import (
     ContentDelta,
     Message,
@@ -26,7 +29,9 @@ from .turn import (
     ReasoningDelta,
     Tool,
     ToolCall,
+    ToolCallArgs,
     ToolCallDelta,
+    ToolCallStart,
     ToolChoice,
     Turn,
     TurnEnd,
@@ -135,7 +140,11 @@ def _user_messages(content: Any, param: str) -> list[Message]:
     return out or [Message("user", "")]
 
 
-def _assistant_message(content: Any, param: str) -> Message:
+def _assistant_message(content: Any, param: str, signer: Signer | None = None,
+                       dropped: list[int] | None = None) -> Message:
+    """An assistant message. With a `signer`, a thinking block is kept only when its
+    signature is this server's signature of its text (proxy/signing.py); others are
+    left out and counted in `dropped`."""
     texts: list[str] = []
     thinking: list[str] = []
     calls: list[ToolCall] = []
@@ -148,8 +157,12 @@ def _assistant_message(content: Any, param: str) -> Message:
                 raise invalid_request(f"{where}.text must be a string", param=f"{where}.text")
             texts.append(text)
         elif kind == "thinking":
-            if isinstance(block.get("thinking"), str):
-                thinking.append(block["thinking"])
+            text = block.get("thinking")
+            if isinstance(text, str):
+                if signer is None or signer.verify(text, block.get("signature")):
+                    thinking.append(text)
+                elif dropped is not None:
+                    dropped.append(i)
         elif kind == "tool_use":
             name = block.get("name")
             if not isinstance(name, str) or not name:
@@ -165,7 +178,7 @@ def _assistant_message(content: Any, param: str) -> Message:
                    reasoning="\n".join(thinking) or None, tool_calls=calls)
 
 
-def _message(raw: Any, i: int) -> list[Message]:
+def _message(raw: Any, i: int, signer: Signer | None = None, dropped: list[int] | None = None) -> list[Message]:
     param = f"messages[{i}]"
     raw = obj(raw, param)
     role = raw.get("role")
@@ -173,7 +186,7 @@ def _message(raw: Any, i: int) -> list[Message]:
     if role == "user":
         return _user_messages(content if content is not None else "", f"{param}.content")
     if role == "assistant":
-        return [_assistant_message(content if content is not None else [], f"{param}.content")]
+        return [_assistant_message(content if content is not None else [], f"{param}.content", signer, dropped)]
     if role in ("system", "developer"):
         return [Message("system", _text_of(content, f"{param}.content"))]
     raise invalid_request(f"{param}.role must be user or assistant, got {role!r}", param=f"{param}.role")
@@ -241,9 +254,11 @@ def _stop_sequences(value: Any) -> list[str]:
     return [s for s in value if s]
 
 
-def parse_messages_request(body: Any, *, for_counting: bool = False) -> Turn:
+def parse_messages_request(body: Any, *, for_counting: bool = False, signer: Signer | None = None) -> Turn:
     """Validate a /v1/messages body (or count_tokens body) and translate it into a Turn.
 
+    With a `signer` (the server's), thinking blocks whose signature does not verify
+    are left out of the history; their number is `turn.extra["thinking_dropped"]`.
     Raises APIError(400) naming the offending field.
     """
     if not isinstance(body, dict):
@@ -257,8 +272,9 @@ def parse_messages_request(body: Any, *, for_counting: bool = False) -> Turn:
         text = _text_of(system, "system")
         if text:
             messages.append(Message("system", text))
+    dropped: list[int] = []
     for i, raw in enumerate(raw_messages):
-        messages.extend(_message(raw, i))
+        messages.extend(_message(raw, i, signer, dropped))
     tools = _tools(body.get("tools"))
     max_tokens = None if for_counting else integer(body, "max_tokens", lo=1)
     top_k = integer(body, "top_k", lo=0)
@@ -271,6 +287,8 @@ def parse_messages_request(body: Any, *, for_counting: bool = False) -> Turn:
     )
     extra: dict[str, Any] = {k: body[k] for k in ("jumpahead", "metadata", "thinking", "output_config", "context_management",
                                                  "service_tier") if k in body}
+    if dropped:
+        extra["thinking_dropped"] = len(dropped)
     if messages[-1].role == "assistant" and not messages[-1].tool_calls:
         extra["continue_final_message"] = True  # Anthropic prefill: the answer continues it
     model = body.get("model")
@@ -307,6 +325,12 @@ def tool_input(call: ToolCall) -> dict[str, Any]:
     try:
         value = orjson.loads(call.arguments) if call.arguments.strip() else {}
     except orjson.JSONDecodeError:
+        if call.partial or call.issues:
+            # a call cut off or broken after it was streamed: what the SDK itself reads
+            # from the streamed prefix (jiter's partial mode, complete strings only)
+            partial = partial_json(call.arguments, trailing_strings=False)
+            if isinstance(partial, dict):
+                return partial
         return {"arguments": call.arguments}  # keep the model's text rather than drop it
     return value if isinstance(value, dict) else {"arguments": value}
 
@@ -331,11 +355,12 @@ def usage_json(usage: Usage) -> dict[str, Any]:
     return out
 
 
-def message_object(out: TurnOutput, *, id: str, model: str) -> dict[str, Any]:
+def message_object(out: TurnOutput, *, id: str, model: str, signer: Signer | None = None) -> dict[str, Any]:
     """The non-streaming `message` object."""
     content: list[dict[str, Any]] = []
     if out.reasoning:
-        content.append({"type": "thinking", "thinking": out.reasoning, "signature": ""})
+        signature = (signer or default_signer()).sign(out.reasoning)
+        content.append({"type": "thinking", "thinking": out.reasoning, "signature": signature})
     if out.content:
         content.append({"type": "text", "text": out.content})
     for call in out.tool_calls:
@@ -356,22 +381,43 @@ class MessagesStream:
     """Encodes a Turn's OutputEvents as Anthropic SSE events (bytes frames).
 
     message_start, ping, then per block content_block_start / *_delta / stop, then
-    message_delta (stop_reason, usage) and message_stop. After a failure: the open
-    block is closed, an `error` event says why, and message_stop still ends the stream.
+    message_delta (stop_reason, usage) and message_stop. A thinking block ends with a
+    signature_delta (proxy/signing.py). After a failure: the open block is closed, an
+    `error` event says why, and message_stop still ends the stream.
+
+    With `start_usage`, message_start waits for the first event and takes its usage
+    from it: by then the engine knows how many prompt tokens came from the prefix
+    cache, so message_start and message_delta report the same input and cache counts.
     """
 
-    def __init__(self, *, id: str, model: str) -> None:
+    def __init__(self, *, id: str, model: str, signer: Signer | None = None,
+                 start_usage: Callable[[], Usage] | None = None) -> None:
         self.id = id
         self.model = model
+        self.signer = signer or default_signer()
+        self.start_usage = start_usage
         self.index = -1  # index of the last block started
         self.open: str | None = None  # type of the open block
+        self.thinking = ""  # text of the open thinking block (signed when it closes)
+        self.started = False
         self.done = False
 
-    def start(self, prompt_tokens: int) -> list[bytes]:
+    def start(self, prompt_tokens: int = 0) -> list[bytes]:
+        """message_start and a ping; nothing yet when it waits for `start_usage`."""
+        if self.start_usage is not None:
+            return []
+        return self._message_start(Usage(prompt_tokens=prompt_tokens))
+
+    def _message_start(self, usage: Usage) -> list[bytes]:
+        self.started = True
         message = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
-                   "stop_reason": None, "stop_sequence": None,
-                   "usage": usage_json(Usage(prompt_tokens=prompt_tokens))}
+                   "stop_reason": None, "stop_sequence": None, "usage": usage_json(usage)}
         return [sse.event("message_start", {"type": "message_start", "message": message}), self.ping()]
+
+    def _ensure_started(self) -> list[bytes]:
+        if self.started:
+            return []
+        return self._message_start(self.start_usage() if self.start_usage is not None else Usage())
 
     @staticmethod
     def ping() -> bytes:
@@ -380,8 +426,12 @@ class MessagesStream:
     def _close(self) -> list[bytes]:
         if self.open is None:
             return []
+        frames = []
+        if self.open == "thinking":
+            frames.append(self._delta({"type": "signature_delta", "signature": self.signer.sign(self.thinking)}))
+            self.thinking = ""
         self.open = None
-        return [sse.event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+        return frames + [sse.event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
 
     def _begin(self, block: dict[str, Any]) -> list[bytes]:
         frames = self._close()
@@ -395,18 +445,31 @@ class MessagesStream:
         return sse.event("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})
 
     def encode(self, event: OutputEvent) -> list[bytes]:
+        return self._ensure_started() + self._encode(event)
+
+    def _encode(self, event: OutputEvent) -> list[bytes]:
         if isinstance(event, ReasoningDelta) and event.text:
             frames = [] if self.open == "thinking" else self._begin({"type": "thinking", "thinking": "",
                                                                      "signature": ""})
+            self.thinking += event.text
             return frames + [self._delta({"type": "thinking_delta", "thinking": event.text})]
         if isinstance(event, ContentDelta) and event.text:
             frames = [] if self.open == "text" else self._begin({"type": "text", "text": ""})
             return frames + [self._delta({"type": "text_delta", "text": event.text})]
+        if isinstance(event, ToolCallStart):
+            call = event.call
+            return self._begin({"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": {}})
+        if isinstance(event, ToolCallArgs):
+            return [self._delta({"type": "input_json_delta", "partial_json": event.text})] if event.text else []
         if isinstance(event, ToolCallDelta):
             call = event.call
-            frames = self._begin({"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": {}})
-            frames.append(self._delta({"type": "input_json_delta",
-                                       "partial_json": orjson.dumps(tool_input(call)).decode()}))
+            if event.streamed is None:
+                frames = self._begin({"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": {}})
+                text = orjson.dumps(tool_input(call)).decode()
+            else:  # streamed: the arguments so far are out; they are the JSON of the input
+                frames, text = [], event.rest
+            if text:
+                frames.append(self._delta({"type": "input_json_delta", "partial_json": text}))
             return frames + self._close()
         if isinstance(event, TurnEnd):
             if event.finish_reason in ("error", "cancelled"):
@@ -425,7 +488,7 @@ class MessagesStream:
         if self.done:
             return []
         self.done = True
-        return self._close() + [
+        return self._ensure_started() + self._close() + [
             sse.event("error", anthropic_error_body(message, 500)),
             sse.event("message_stop", {"type": "message_stop"}),
         ]

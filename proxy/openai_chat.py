@@ -25,7 +25,9 @@ from .turn import (
     ReasoningDelta,
     Tool,
     ToolCall,
+    ToolCallArgs,
     ToolCallDelta,
+    ToolCallStart,
     ToolChoice,
     Turn,
     TurnEnd,
@@ -361,6 +363,13 @@ class ChatStream:
             chunk["usage"] = None
         return chunk
 
+    def _call_head(self, index: int, call: ToolCall) -> dict[str, Any]:
+        return self._chunk({"tool_calls": [{"index": index, "id": call.id, "type": "function",
+                                            "function": {"name": call.name, "arguments": ""}}]})
+
+    def _call_args(self, index: int, text: str) -> dict[str, Any]:
+        return self._chunk({"tool_calls": [{"index": index, "function": {"arguments": text}}]})
+
     def start(self) -> dict[str, Any]:
         """The first chunk: announces the assistant role."""
         return self._chunk({"role": "assistant", "content": ""})
@@ -371,12 +380,15 @@ class ChatStream:
             return [self._chunk({"content": event.text})] if event.text else []
         if isinstance(event, ReasoningDelta):
             return [self._chunk({"reasoning_content": event.text})] if event.text else []
+        if isinstance(event, ToolCallStart):
+            return [self._call_head(event.index, event.call)]
+        if isinstance(event, ToolCallArgs):
+            return [self._call_args(event.index, event.text)] if event.text else []
         if isinstance(event, ToolCallDelta):
-            call = event.call
-            head = {"index": event.index, "id": call.id, "type": "function",
-                    "function": {"name": call.name, "arguments": ""}}
-            args = {"index": event.index, "function": {"arguments": call.arguments}}
-            return [self._chunk({"tool_calls": [head]}), self._chunk({"tool_calls": [args]})]
+            # A streamed call already has its head and part of its arguments out.
+            chunks = [self._call_head(event.index, event.call)] if event.streamed is None else []
+            rest = event.rest
+            return chunks + ([self._call_args(event.index, rest)] if rest or event.streamed is None else [])
         if isinstance(event, TurnEnd):
             if event.finish_reason in ("error", "cancelled"):
                 message = event.error or f"generation {event.finish_reason}"

@@ -10,8 +10,6 @@ flattened into their nested functions (and calls mapped back to name + namespace
 
 from __future__ import annotations
 
-import base64
-import binascii
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,10 +22,10 @@ from .errors import APIError, invalid_request
 from .fields import boolean, integer, number, obj
 from .openai_chat import content_text
 from .response_store import ResponseStore
+from .signing import Signer, default_signer
 from .turn import Message, Tool, ToolCall, ToolChoice, Turn, TurnOutput, Usage
 
 _SEED_MASK = (1 << 63) - 1
-ENCRYPTED_PREFIX = "ja1:"  # our "encrypted" reasoning: base64 of the text, readable back
 CUSTOM_INPUT_SCHEMA = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
 
 
@@ -54,6 +52,8 @@ class ResponsesContext:
     store: bool = True
     include_encrypted: bool = False
     previous_response_id: str | None = None
+    signer: Signer = field(default_factory=default_signer)  # seals and opens encrypted_content
+    reasoning_dropped: int = 0  # reasoning items sent back whose encrypted_content did not verify
 
     def visible_name(self, name: str, namespace: str | None = None) -> str:
         for visible, target in self.tool_names.items():
@@ -153,13 +153,17 @@ def _output_text(value: Any, param: str) -> str:
     return orjson.dumps(value).decode()
 
 
-def _reasoning_text(item: dict[str, Any]) -> str:
+def _reasoning_text(item: dict[str, Any], ctx: ResponsesContext) -> str:
+    """The reasoning an item carries back. `encrypted_content` is used when this server
+    sealed it (proxy/signing.py); one that does not verify (another server's, or
+    altered) drops the item. Without it, the summary (or content) text is used."""
     encrypted = item.get("encrypted_content")
-    if isinstance(encrypted, str) and encrypted.startswith(ENCRYPTED_PREFIX):
-        try:
-            return base64.b64decode(encrypted[len(ENCRYPTED_PREFIX):]).decode()
-        except (binascii.Error, UnicodeDecodeError):
-            pass
+    if isinstance(encrypted, str) and encrypted:
+        text = ctx.signer.open(encrypted)
+        if text is None:
+            ctx.reasoning_dropped += 1
+            return ""
+        return text
     parts = []
     for key in ("content", "summary"):
         for part in item.get(key) or []:
@@ -239,7 +243,7 @@ def _item(conv: _Conversation, raw: Any, i: int, ctx: ResponsesContext) -> None:
             raise invalid_request(f"{param}.call_id must be a non-empty string", param=f"{param}.call_id")
         conv.add_output(call_id, _output_text(item.get("output"), f"{param}.output"))
     elif kind == "reasoning":
-        text = _reasoning_text(item)
+        text = _reasoning_text(item, ctx)
         if text:
             conv.reasoning.append(text)
     # item_reference, web_search_call, file_search_call, ...: nothing the model can read
@@ -266,14 +270,15 @@ def _thinking(reasoning: Any) -> bool | None:
     return None
 
 
-def parse_responses_request(body: Any, store: ResponseStore | None = None) -> tuple[Turn, ResponsesContext]:
+def parse_responses_request(body: Any, store: ResponseStore | None = None,
+                            signer: Signer | None = None) -> tuple[Turn, ResponsesContext]:
     """Validate a /v1/responses body and translate it into a Turn (plus what the answer needs).
 
     Raises APIError(400) naming the offending field; an unknown previous_response_id is a 400 too.
     """
     if not isinstance(body, dict):
         raise invalid_request("the request body must be a JSON object")
-    ctx = ResponsesContext(body=body)
+    ctx = ResponsesContext(body=body, signer=signer or default_signer())
     tools = _tools(body.get("tools"), ctx)
     history: list[Message] = []
     previous = body.get("previous_response_id")
@@ -343,7 +348,7 @@ def reasoning_item(text: str, ctx: ResponsesContext, id: str | None = None) -> d
     item: dict[str, Any] = {"type": "reasoning", "id": id or new_id("rs"),
                             "summary": [{"type": "summary_text", "text": text}] if text else []}
     if ctx.include_encrypted:
-        item["encrypted_content"] = ENCRYPTED_PREFIX + base64.b64encode(text.encode()).decode()
+        item["encrypted_content"] = ctx.signer.seal(text)
     return item
 
 
@@ -356,7 +361,7 @@ def message_item(text: str, id: str | None = None, status: str = "completed") ->
 
 def call_item(call: ToolCall, ctx: ResponsesContext, id: str | None = None, done: bool = True) -> dict[str, Any]:
     target = ctx.tool_names.get(call.name, ToolName(call.name))
-    status = "completed" if done else "in_progress"
+    status = ("incomplete" if call.partial else "completed") if done else "in_progress"
     if target.kind == "custom":
         try:
             value = orjson.loads(call.arguments)

@@ -12,6 +12,14 @@ same result however the text is chunked:
   parser (mlx-lm `tool_parsers`); one that fails to parse is surfaced as content text,
   markers included. Arguments are checked against the tool's JSON schema; problems are
   recorded on the call (`ToolCall.issues`), never raised.
+- A JSON call (`{"name": ..., "arguments": ...}`) streams while it is written: a
+  ToolCallStart once its name is complete, ToolCallArgs as its arguments grow
+  (proxy/tool_stream.py), then the ToolCallDelta with the rest. A call that began
+  (its name complete) stays a call: cut off at the end of the output it is a partial
+  call (`ToolCall.partial`), never markup shown as text.
+- Reasoning text carries no newlines at its start or end: chat templates add their
+  own around it when the message is sent back (`<think>\n...\n</think>`), so the
+  re-rendered history matches what was generated.
 - Whitespace between content and tool calls is dropped; trailing whitespace of a
   text-only answer is kept.
 """
@@ -24,7 +32,18 @@ from typing import Any
 
 import orjson
 
-from .turn import ContentDelta, OutputEvent, ReasoningDelta, Tool, ToolCall, ToolCallDelta, new_tool_call_id
+from .tool_stream import JsonCallStreamer
+from .turn import (
+    ContentDelta,
+    OutputEvent,
+    ReasoningDelta,
+    Tool,
+    ToolCall,
+    ToolCallArgs,
+    ToolCallDelta,
+    ToolCallStart,
+    new_tool_call_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +135,11 @@ class OutputParser:
         self._events: list[OutputEvent] = []
         self.tool_calls: list[ToolCall] = []
         self.malformed: list[str] = []  # tool-call texts that failed to parse
+        self._reasoning_nl = ""  # newlines at the end of reasoning so far, not yet shown
+        self._reasoning_begun = False  # the open reasoning block has shown text
+        self._streamer: JsonCallStreamer | None = None  # the open call, when it is JSON
+        self._stream_decided = False  # the open call's first character was seen
+        self._start: ToolCall | None = None  # the open call, once announced
 
     @classmethod
     def for_tokenizer(
@@ -212,8 +236,8 @@ class OutputParser:
         found = [(i, marker, nxt) for marker, nxt in ends if (i := self._buf.find(marker)) >= 0]
         if found:
             i, marker, nxt = min(found)
-            if i:
-                self._emit(ReasoningDelta(self._buf[:i]))
+            self._show_reasoning(self._buf[:i])
+            self._end_reasoning()
             self._buf = self._buf[i + len(marker) :]
             self._state = nxt
             self._strip_leading = True
@@ -221,9 +245,27 @@ class OutputParser:
         keep = 0 if final else _partial_suffix(self._buf, [m for m, _ in ends])
         cut = len(self._buf) - keep
         if cut:
-            self._emit(ReasoningDelta(self._buf[:cut]))
+            self._show_reasoning(self._buf[:cut])
             self._buf = self._buf[cut:]
+        if final:
+            self._end_reasoning()
         return False
+
+    def _show_reasoning(self, text: str) -> None:
+        """Reasoning text, less the newlines at the block's start and (held back) end."""
+        if not self._reasoning_begun:
+            text = text.lstrip("\n")
+            if not text:
+                return
+            self._reasoning_begun = True
+        text = self._reasoning_nl + text
+        body = text.rstrip("\n")
+        self._reasoning_nl = text[len(body) :]
+        if body:
+            self._emit(ReasoningDelta(body))
+
+    def _end_reasoning(self) -> None:
+        self._reasoning_nl, self._reasoning_begun = "", False
 
     def _content_markers(self) -> list[tuple[str, str]]:
         markers = []
@@ -276,21 +318,76 @@ class OutputParser:
             body, self._buf = self._buf, ""
             self._tool_text(body, closed=False)
             self._state = CONTENT
+        else:
+            keep = _partial_suffix(self._buf, [self.tool_end]) if self.tool_end else 0
+            self._stream_call(self._buf[: len(self._buf) - keep])
         return False
 
     # --- tool calls -----------------------------------------------------------
 
+    def _stream_call(self, body: str) -> None:
+        """Announce the open call once its name is complete; emit its new argument text."""
+        if not self._stream_decided:
+            head = body.lstrip()
+            if not head:
+                return
+            self._stream_decided = True
+            if JsonCallStreamer.applies(head):
+                self._streamer = JsonCallStreamer()
+        streamer = self._streamer
+        if streamer is None:
+            return
+        delta = streamer.update(body)
+        if self._start is None and streamer.name is not None:
+            self._start = ToolCall(name=streamer.name, arguments="")
+            self._emit(ToolCallStart(len(self.tool_calls), ToolCall(self._start.name, "", self._start.id)))
+        if delta:
+            self._emit(ToolCallArgs(len(self.tool_calls), delta))
+
+    def _began(self, body: str) -> JsonCallStreamer | None:
+        """The streamer of a call whose name is complete in `body` (None: not a call yet).
+
+        A body closed within one chunk was never streamed: the same scan decides, so
+        the outcome does not depend on the chunking."""
+        if self._streamer is None and not self._stream_decided and JsonCallStreamer.applies(body):
+            self._streamer = JsonCallStreamer()
+            self._streamer.update(body)
+        streamer = self._streamer
+        return streamer if streamer is not None and streamer.name is not None else None
+
     def _tool_text(self, body: str, closed: bool) -> bool:
         """Emit the calls in `body`, or show it as text. True when calls were emitted."""
+        try:
+            return self._emit_calls(body, closed)
+        finally:
+            self._streamer, self._stream_decided, self._start = None, False, None
+
+    def _emit_calls(self, body: str, closed: bool) -> bool:
         calls = self._parse_calls(body)
+        began = self._began(body)
+        sent = began.sent if began is not None and self._start is not None else None  # what the client has
+        if calls is None and began is not None:
+            # The call began (its name is complete): it stays a call, as far as it got.
+            issue = "the call is not valid JSON" if closed else "cut off before the call was complete"
+            log.warning("tool call %s: %s", began.name, issue)
+            calls = [ToolCall(began.name, began.partial_arguments(body), issues=[issue], partial=not closed)]
         if calls is None:
             self.malformed.append(body)
             raw = f"{self.tool_start}{body}{self.tool_end if closed and self.tool_end else ''}"
+            if not closed and JsonCallStreamer.applies(body):  # a JSON call cut before its name
+                log.warning("tool call cut off before its name; dropped: %.200r", raw)
+                return False
             log.warning("unparseable tool call surfaced as text: %.200r", raw)
             self._show_content(self._ws_before_marker + raw)
             return False
-        for call in calls:
-            self._emit(ToolCallDelta(len(self.tool_calls), call))
+        for n, call in enumerate(calls):
+            streamed = None
+            if n == 0 and self._start is not None:
+                call.id = self._start.id
+                streamed = sent or ""
+                if not call.arguments.startswith(streamed):  # e.g. a repeated key the parse kept last
+                    log.warning("tool call %s: streamed arguments differ from the parsed call", call.name)
+            self._emit(ToolCallDelta(len(self.tool_calls), call, streamed))
             self.tool_calls.append(call)
         return True
 

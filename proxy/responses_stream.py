@@ -14,7 +14,19 @@ from .openai_responses import (
     reasoning_item,
     response_object,
 )
-from .turn import ContentDelta, OutputEvent, ReasoningDelta, ToolCall, ToolCallDelta, TurnEnd, TurnOutput, Usage
+from .tool_stream import partial_json
+from .turn import (
+    ContentDelta,
+    OutputEvent,
+    ReasoningDelta,
+    ToolCall,
+    ToolCallArgs,
+    ToolCallDelta,
+    ToolCallStart,
+    TurnEnd,
+    TurnOutput,
+    Usage,
+)
 
 
 class ResponsesStream:
@@ -36,6 +48,9 @@ class ResponsesStream:
         self.text = ""  # text of the open item
         self.out = TurnOutput()  # the whole answer, for the store
         self.done = False
+        self.call: dict[str, Any] | None = None  # the streamed call's added item
+        self.call_args = ""  # its argument text so far
+        self.call_sent = ""  # a custom tool's input text sent so far
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self.seq, **fields}
@@ -110,8 +125,14 @@ class ResponsesStream:
             self.text += event.text
             return frames + [self._event("response.output_text.delta", item_id=self.open["id"],
                                          output_index=self._index, content_index=0, delta=event.text, logprobs=[])]
+        if isinstance(event, ToolCallStart):
+            frames = self._close()
+            self.call, self.call_args, self.call_sent = call_item(event.call, self.ctx, done=False), "", ""
+            return frames + [self._event("response.output_item.added", output_index=self._index, item=self.call)]
+        if isinstance(event, ToolCallArgs):
+            return self._call_delta(event.text)
         if isinstance(event, ToolCallDelta):
-            return self._call(event.call)
+            return self._call(event.call, event.rest if event.streamed is not None else None)
         if isinstance(event, TurnEnd):
             if event.finish_reason in ("error", "cancelled"):
                 return self.fail(event.error or f"generation {event.finish_reason}")
@@ -121,23 +142,50 @@ class ResponsesStream:
             return frames + [self._event(f"response.{status}", response=self._response(status, event.usage))]
         return []
 
-    def _call(self, call: ToolCall) -> list[bytes]:
-        frames = self._close()
+    def _call_delta(self, text: str) -> list[bytes]:
+        """Argument text of the streamed call; a custom tool streams its `input` string."""
+        item = self.call
+        if item is None or not text:
+            return []
+        self.call_args += text
+        if item["type"] != "custom_tool_call":
+            return [self._event("response.function_call_arguments.delta", item_id=item["id"],
+                                output_index=self._index, delta=text)]
+        value = partial_json(self.call_args)
+        text = value.get("input") if isinstance(value, dict) else None
+        if not isinstance(text, str) or not text.startswith(self.call_sent) or len(text) == len(self.call_sent):
+            return []
+        delta, self.call_sent = text[len(self.call_sent):], text
+        return [self._event("response.custom_tool_call_input.delta", item_id=item["id"], output_index=self._index,
+                            delta=delta)]
+
+    def _call(self, call: ToolCall, rest: str | None = None) -> list[bytes]:
+        """A finished call; `rest` is set when it was streamed (its argument text not yet sent)."""
+        frames: list[bytes] = []
+        if rest is None or self.call is None:
+            frames = self._close()
+            added = call_item(call, self.ctx, done=False)
+            frames.append(self._event("response.output_item.added", output_index=self._index, item=added))
+            sent_args = sent_input = ""
+        else:
+            added, sent_args, sent_input = self.call, self.call_args, self.call_sent
+        self.call = None
         index = self._index
-        added = call_item(call, self.ctx, done=False)
         done = call_item(call, self.ctx, id=added["id"])
-        frames.append(self._event("response.output_item.added", output_index=index, item=added))
         if done["type"] == "custom_tool_call":
+            delta = done["input"][len(sent_input):] if done["input"].startswith(sent_input) else ""
             frames += [
-                self._event("response.custom_tool_call_input.delta", item_id=done["id"], output_index=index,
-                            delta=done["input"]),
+                *([self._event("response.custom_tool_call_input.delta", item_id=done["id"], output_index=index,
+                               delta=delta)] if delta or not sent_input else []),
                 self._event("response.custom_tool_call_input.done", item_id=done["id"], output_index=index,
                             input=done["input"]),
             ]
         else:
+            args = done["arguments"]
+            delta = args[len(sent_args):] if args.startswith(sent_args) else ""
             frames += [
-                self._event("response.function_call_arguments.delta", item_id=done["id"], output_index=index,
-                            delta=done["arguments"]),
+                *([self._event("response.function_call_arguments.delta", item_id=done["id"], output_index=index,
+                               delta=delta)] if delta or not sent_args else []),
                 self._event("response.function_call_arguments.done", item_id=done["id"], output_index=index,
                             name=done["name"], arguments=done["arguments"]),
             ]

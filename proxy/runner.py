@@ -47,6 +47,7 @@ class PreparedTurn:
     output_sources: list[Any] = field(default_factory=list)
     timings: Any = None  # the engine's Timings of the row (last chunk)
     chunk_times: list[tuple[float, int]] = field(default_factory=list)  # (perf_counter, tokens) per chunk
+    cached_tokens: int = 0  # prompt tokens the engine took from the prefix cache (known from the first chunk)
 
 
 def _validate(engine: Any, request: GenerationRequest) -> None:
@@ -241,6 +242,8 @@ async def stream_turn(engine: Any, prepared: PreparedTurn, stats: Counter[str] |
                     prepared.chunk_times.append((time.perf_counter(), len(chunk.tokens)))
                 if chunk.timings is not None:
                     prepared.timings = chunk.timings
+                if chunk.cached_tokens:
+                    prepared.cached_tokens = int(chunk.cached_tokens)
                 if chunk.text:
                     for event in parser.feed(chunk.text):
                         collected.add(event)

@@ -48,7 +48,10 @@ from .response_store import ResponseStore, StoredResponse
 from .responses_stream import ResponsesStream
 from .runner import PreparedTurn, complete_turn, prepare_turn_async, stream_turn
 from .script import Script
-from .turn import TurnOutput
+from .prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
+from .prometheus import prometheus_text
+from .signing import Signer, default_signer
+from .turn import TurnOutput, Usage
 
 log = logging.getLogger("jumpahead.proxy")
 T = TypeVar("T")
@@ -227,18 +230,20 @@ async def _complete(request: Request, engine: Any, prepared: PreparedTurn) -> Tu
 async def messages(request: Request) -> Response:
     engine = _engine(request)
     body = await read_json(request)
-    turn = parse_messages_request(body)
+    turn = parse_messages_request(body, signer=request.app.state.signer)
+    _stats(request)["thinking_dropped"] += turn.extra.get("thinking_dropped", 0)
     prepared = await _prepare(request, "messages", body, turn)
     model = turn.model or _model_name(engine)
     mid = message_id()
     if turn.stream:
-        encoder = MessagesStream(id=mid, model=model)
+        encoder = MessagesStream(id=mid, model=model, signer=request.app.state.signer,
+                                 start_usage=lambda: Usage(len(prepared.request.prompt), 0, prepared.cached_tokens))
         first = encoder.start(len(prepared.request.prompt))
         return sse.response(_event_sse(engine, prepared, encoder, first, _stats(request), encoder.ping))
     out = await _complete(request, engine, prepared)
     if out is None:
         return Response(status_code=499)  # nobody reads it
-    return JSONResponse(message_object(out, id=mid, model=model))
+    return JSONResponse(message_object(out, id=mid, model=model, signer=request.app.state.signer))
 
 
 async def count_tokens(request: Request) -> Response:
@@ -257,7 +262,8 @@ async def responses(request: Request) -> Response:
     engine = _engine(request)
     store: ResponseStore = request.app.state.responses
     body = await read_json(request)
-    turn, ctx = parse_responses_request(body, store)
+    turn, ctx = parse_responses_request(body, store, request.app.state.signer)
+    _stats(request)["reasoning_dropped"] += ctx.reasoning_dropped
     prepared = await _prepare(request, "responses", body, turn)
     model = turn.model or _model_name(engine)
     rid = f"resp_{uuid.uuid4().hex}"
@@ -327,7 +333,8 @@ async def root(request: Request) -> Response:
     """Clients probe the base URL (Claude Code sends HEAD /): say what answers here."""
     return JSONResponse({"name": "jumpahead", "model": _model_name(_engine(request)),
                          "endpoints": ["/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens",
-                                       "/v1/responses", "/v1/models", "/health", "/metrics", "/openapi.json"]})
+                                       "/v1/responses", "/v1/models", "/health", "/metrics", "/metrics.json",
+                                       "/openapi.json"]})
 
 
 async def health(request: Request) -> Response:
@@ -353,6 +360,16 @@ async def openapi(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
+    """Prometheus text format (proxy/prometheus.py); /metrics.json has the same as JSON."""
+    report = await _metrics_report(request)
+    return Response(prometheus_text(report), media_type=PROMETHEUS_CONTENT_TYPE)
+
+
+async def metrics_json(request: Request) -> Response:
+    return JSONResponse(await _metrics_report(request))
+
+
+async def _metrics_report(request: Request) -> dict[str, Any]:
     engine = _engine(request)
     report = {"engine": engine.metrics(), "server": dict(_stats(request))}
     if request.query_params.get("gc") == "1" and callable(getattr(engine, "memory", None)):
@@ -362,7 +379,7 @@ async def metrics(request: Request) -> Response:
         section = getattr(hook, "metrics", None)
         if callable(section):
             report.update(section())
-    return JSONResponse(report)
+    return report
 
 
 # --- errors --------------------------------------------------------------------------
@@ -398,7 +415,7 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 def create_app(engine: Any, script: Script | None = None, response_store: ResponseStore | None = None,
                hooks: list[Any] | None = None, access: AccessConfig | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, signer: Signer | None = None) -> Starlette:
     """The app around a loaded engine (shared by all requests).
 
     `script`: forced-continuation replay; each generation request consumes its next turn.
@@ -422,6 +439,7 @@ def create_app(engine: Any, script: Script | None = None, response_store: Respon
         Route("/", root, methods=["GET", "HEAD"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/metrics.json", metrics_json, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
     ]
     middleware = [*access_middleware(access or AccessConfig()),
@@ -436,4 +454,5 @@ def create_app(engine: Any, script: Script | None = None, response_store: Respon
     app.state.script = script
     app.state.hooks = list(hooks or [])
     app.state.responses = response_store if response_store is not None else ResponseStore()
+    app.state.signer = signer or default_signer()  # signs reasoning handed out (proxy/signing.py)
     return app

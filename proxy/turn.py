@@ -32,6 +32,8 @@ class ToolCall:
     # Problems found while parsing or validating (unknown tool, schema violations).
     # Reported to logs and traces; the call is still handed to the client.
     issues: list[str] = field(default_factory=list)
+    # Cut off (max_tokens) before the call was complete: `arguments` is a prefix.
+    partial: bool = False
 
 
 @dataclass
@@ -115,11 +117,40 @@ class ContentDelta:
 
 
 @dataclass
-class ToolCallDelta:
-    """A complete tool call, the `index`-th of this turn."""
+class ToolCallStart:
+    """A tool call began: its id and name are known (`call.arguments` is still empty)."""
 
     index: int
     call: ToolCall
+
+
+@dataclass
+class ToolCallArgs:
+    """More argument text of the started call `index` (the deltas concatenate to a
+    prefix of the finished call's `arguments`)."""
+
+    index: int
+    text: str
+
+
+@dataclass
+class ToolCallDelta:
+    """A complete tool call, the `index`-th of this turn.
+
+    `streamed`: the argument text already sent after a ToolCallStart (None when the
+    call was not streamed); the rest is `call.arguments[len(streamed):]`."""
+
+    index: int
+    call: ToolCall
+    streamed: str | None = None
+
+    @property
+    def rest(self) -> str:
+        """The argument text still to send."""
+        if self.streamed is None:
+            return self.call.arguments
+        args = self.call.arguments
+        return args[len(self.streamed):] if args.startswith(self.streamed) else ""
 
 
 @dataclass
@@ -132,7 +163,7 @@ class TurnEnd:
     stop_sequence: str | None = None  # the stop string that ended the turn, if one did
 
 
-OutputEvent = Union[ReasoningDelta, ContentDelta, ToolCallDelta, TurnEnd]
+OutputEvent = Union[ReasoningDelta, ContentDelta, ToolCallStart, ToolCallArgs, ToolCallDelta, TurnEnd]
 
 
 @dataclass

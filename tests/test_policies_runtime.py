@@ -295,7 +295,7 @@ def test_on_request_rewrite_in_all_protocols(engine, policy_dir):
         # a request-level policy adds to the server's
         added = _chat(url, messages=user, max_tokens=3,
                       extra_body={"jumpahead": {"policies": [f"{MODULE}:SystemRewrite:text=Be very brief please."]}})
-        metrics = httpx.get(f"{url}/metrics", timeout=30).json()
+        metrics = httpx.get(f"{url}/metrics.json", timeout=30).json()
     fills = [_fill(chat.usage), _fill(msg.usage), _fill(resp.usage)]
     prompts = [chat.usage.prompt_tokens, msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0),
                resp.usage.input_tokens]
@@ -349,7 +349,7 @@ def test_boundary_jump_completes_a_tool_call_in_all_protocols(engine, policy_dir
     capture = Capture()
     with serve(engine, hooks=[hooks, capture]) as url:
         results = _call_args_by_protocol(url, "Paris")
-        metrics = httpx.get(f"{url}/metrics", timeout=30).json()
+        metrics = httpx.get(f"{url}/metrics.json", timeout=30).json()
     for (name, arguments, fill, finish), turn in zip(results, capture.turns):
         assert name == "get_weather" and arguments == {"city": city.strip(), "unit": UNIT}, finish
         policies = fill["policies"]
@@ -417,7 +417,7 @@ def test_a_raising_policy_is_disabled_and_the_request_answers(engine, policy_dir
         chat = _chat(url, messages=user, max_tokens=80, tools=[WEATHER_CHAT], tool_choice="required",
                      extra_body=NO_STRICT)
         msg = _messages(url, messages=user, max_tokens=5)
-        metrics = httpx.get(f"{url}/metrics", timeout=30).json()["policies"]
+        metrics = httpx.get(f"{url}/metrics.json", timeout=30).json()["policies"]
     policies = _fill(chat.usage)["policies"]
     errors = {(e["policy"], e["hook"]): e["error"] for e in policies["errors"]}
     assert errors == {("raiser", "on_request"): "RuntimeError: boom in on_request",
@@ -507,7 +507,7 @@ def test_serve_with_policy_config_and_flag(tmp_path, policy_dir):
         assert policies["active"] == ["sysrewrite", "counter"]
         health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).json()
         assert health["policies"] == [f"{MODULE}:SystemRewrite:text=Short, plain answers.", f"{MODULE}:Counter"]
-        assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).json()["policies"]["requests"] == 1
+        assert httpx.get(f"http://127.0.0.1:{port}/metrics.json", timeout=30).json()["policies"]["requests"] == 1
     finally:
         interrupt(proc, timeout=30)
 

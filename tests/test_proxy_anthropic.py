@@ -132,8 +132,9 @@ def test_stream_event_grammar():
         frames += enc.encode(event)
     events = _events(frames)
     names = [n for n, _ in events]
-    assert names == ["message_start", "ping",
-                     "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop",
+    assert names == ["message_start", "ping",  # the thinking block ends with its signature_delta
+                     "content_block_start", "content_block_delta", "content_block_delta", "content_block_delta",
+                     "content_block_stop",
                      "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop",
                      "content_block_start", "content_block_delta", "content_block_stop",
                      "message_delta", "message_stop"]
@@ -141,7 +142,9 @@ def test_stream_event_grammar():
     assert [s["index"] for s in starts] == [0, 1, 2]
     assert [s["content_block"]["type"] for s in starts] == ["thinking", "text", "tool_use"]
     deltas = [p["delta"] for n, p in events if n == "content_block_delta"]
-    assert [d["type"] for d in deltas] == ["thinking_delta"] * 2 + ["text_delta"] * 2 + ["input_json_delta"]
+    assert [d["type"] for d in deltas] == ["thinking_delta"] * 2 + ["signature_delta"] + ["text_delta"] * 2 + [
+        "input_json_delta"]
+    assert enc.signer.verify("think", deltas[2]["signature"])
     assert json.loads(deltas[-1]["partial_json"]) == {"path": "p"}
     delta = events[-2][1]
     assert delta["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}

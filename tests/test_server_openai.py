@@ -94,7 +94,7 @@ def test_models_health_metrics_404(base_url, engine):
     health = httpx.get(f"{base_url}/health")
     assert health.status_code == 200 and health.json()["status"] == "ok"
     assert health.json()["model"] == engine.info.name
-    metrics = httpx.get(f"{base_url}/metrics").json()
+    metrics = httpx.get(f"{base_url}/metrics.json").json()
     assert set(metrics) == {"engine", "server"}
     missing = httpx.post(f"{base_url}/v1/nothing", json={})
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_url"
@@ -244,7 +244,7 @@ def test_client_disconnect_frees_the_row(base_url):
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=3)
     assert rows_idle(base_url), "the non-streaming row was not freed after the client left"
-    metrics = httpx.get(f"{base_url}/metrics").json()
+    metrics = httpx.get(f"{base_url}/metrics.json").json()
     assert metrics["server"]["client_disconnects"] >= 2 and metrics["engine"]["cancelled"] >= 2
 
 
@@ -287,5 +287,5 @@ def test_request_methods_and_fill_usage(client, base_url):
     bad = httpx.post(f"{base_url}/v1/chat/completions", json={
         "model": "local", "messages": messages, "max_tokens": 4, "jumpahead": ["echo"]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "jumpahead"
-    metrics = httpx.get(f"{base_url}/metrics").json()["engine"]
+    metrics = httpx.get(f"{base_url}/metrics.json").json()["engine"]
     assert metrics["tokens_echo"] >= fill["tokens"].get("echo", 0) and metrics["rows_finished"] >= 2

@@ -345,4 +345,4 @@ def test_client_leaving_mid_stream_frees_the_row(engine):
                     if seen >= 3:
                         break  # leave mid-stream: the connection closes
             assert _rows_idle(url), f"{path}: the streaming row was not freed after the client left"
-        assert httpx.get(f"{url}/metrics").json()["server"]["client_disconnects"] >= 2
+        assert httpx.get(f"{url}/metrics.json").json()["server"]["client_disconnects"] >= 2

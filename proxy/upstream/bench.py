@@ -191,7 +191,7 @@ def affinity(upstreams: list[str], tokenizer: Any, sessions: int, turns: int) ->
                     usage = r.json()["usage"]
                     prompt += usage["prompt_tokens"]
                     cached += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-            replicas = client.get(f"{front}/metrics").json()["engine"]["upstream"]["replicas"]
+            replicas = client.get(f"{front}/metrics.json").json()["engine"]["upstream"]["replicas"]
         out[routing] = {"prompt_tokens": prompt, "cached_tokens": cached,
                         "hit_rate": round(cached / prompt, 4) if prompt else None,
                         "requests_by_replica": [r["requests"] for r in replicas]}
@@ -206,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="a running upstream (twice for the affinity arm); default: start two jumpahead serve")
     parser.add_argument("--repeats", type=int, default=30, help="latency pairs per mode (default: 30)")
     parser.add_argument("--max-tokens", type=int, default=4, help="tokens per latency request (default: 4)")
-    parser.add_argument("--sessions", type=int, default=4, help="sessions in the affinity arm (default: 4)")
+    parser.add_argument("--sessions", type=int, default=3,
+                        help="sessions in the affinity arm, interleaved turn by turn (default: 3; an odd number, "
+                             "else round-robin over two replicas pins each session by accident)")
     parser.add_argument("--turns", type=int, default=5, help="turns per session (default: 5)")
     parser.add_argument("--max-batch", type=int, default=4, help="--max-batch of the started upstreams")
     parser.add_argument("--skip-affinity", action="store_true", help="only the latency arm")

@@ -1,0 +1,195 @@
+"""Tool-call arguments stream as they are written, in all three protocols.
+
+Through the real server and the official SDKs: a scripted turn (serve --script, the
+default model appends it as asserted tokens, a few per round so the text arrives in
+many chunks) and a call the default model writes itself under tool_choice required.
+The streamed argument deltas, reassembled, must equal the non-streamed answer; a call
+cut off by max_tokens stays a partial call with the protocol's length finish.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jumpahead.proxy.script import Script, ScriptedCall, ScriptTurn
+
+from .serving import serve
+
+openai = pytest.importorskip("openai")
+anthropic = pytest.importorskip("anthropic")
+
+ARGS = {"path": "hello.py", "content": "def greet(name):\n    return f\"hello {name}\"\n\nprint(greet('world'))\n"}
+TURN = ScriptTurn(reasoning="Write the file.", text="Writing it.", tool_calls=[ScriptedCall("write", ARGS)])
+WRITE_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                "required": ["path", "content"]}
+CHAT_TOOLS = [{"type": "function", "function": {"name": "write", "description": "Write a file",
+                                                "parameters": WRITE_SCHEMA}}]
+ANTHROPIC_TOOLS = [{"name": "write", "description": "Write a file", "input_schema": WRITE_SCHEMA}]
+RESPONSES_TOOLS = [{"type": "function", "name": "write", "description": "Write a file", "parameters": WRITE_SCHEMA}]
+MESSAGES = [{"role": "user", "content": "Write hello.py"}]
+CUT = 30  # max_tokens that ends the scripted turn inside the call's arguments
+
+
+@pytest.fixture(scope="module")
+def engine(loaded_model, tmp_path_factory):
+    from jumpahead.engine.engine import Engine, EngineConfig
+
+    model, tokenizer, info = loaded_model
+    # 16 asserted tokens per round: the scripted turn reaches the parser in several chunks.
+    eng = Engine(model, tokenizer, info, EngineConfig(max_batch=2, max_asserted=16,
+                                                      prefix_cache_dir=str(tmp_path_factory.mktemp("pc"))))
+    yield eng
+    eng.close()
+
+
+def _chat(url: str):
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="dummy", max_retries=0, timeout=600)
+
+
+def _anthropic(url: str):
+    return anthropic.Anthropic(base_url=url, api_key="dummy", max_retries=0, timeout=600)
+
+
+def _chat_stream(client, **kwargs) -> tuple[list[str], dict, str | None, str]:
+    """Argument deltas of call 0, the call as assembled, the finish reason, the content."""
+    deltas: list[str] = []
+    call: dict = {}
+    finish = None
+    content = ""
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        for tc in choice.delta.tool_calls or []:
+            assert tc.index == 0
+            if tc.id:
+                call.update(id=tc.id, name=tc.function.name, arguments="")
+            if tc.function and tc.function.arguments:
+                deltas.append(tc.function.arguments)
+                call["arguments"] += tc.function.arguments
+        finish = choice.finish_reason or finish
+    return deltas, call, finish, content
+
+
+def test_chat_arguments_stream_and_match_the_answer(engine):
+    with serve(engine, script=Script([TURN, TURN])) as url:
+        client = _chat(url)
+        whole = client.chat.completions.create(model="m", messages=MESSAGES, tools=CHAT_TOOLS)
+        deltas, call, finish, content = _chat_stream(client, model="m", messages=MESSAGES, tools=CHAT_TOOLS)
+    (expected,) = whole.choices[0].message.tool_calls
+    assert len(deltas) > 1, deltas
+    assert call["name"] == expected.function.name == "write"
+    assert call["arguments"] == expected.function.arguments
+    assert json.loads(call["arguments"]) == ARGS
+    assert finish == whole.choices[0].finish_reason == "tool_calls"
+    assert content == whole.choices[0].message.content == "Writing it."
+
+
+def test_anthropic_input_json_streams_and_matches_the_answer(engine):
+    with serve(engine, script=Script([TURN, TURN])) as url:
+        client = _anthropic(url)
+        whole = client.messages.create(model="m", max_tokens=400, messages=MESSAGES, tools=ANTHROPIC_TOOLS)
+        with client.messages.stream(model="m", max_tokens=400, messages=MESSAGES, tools=ANTHROPIC_TOOLS) as stream:
+            events = list(stream)
+            final = stream.get_final_message()
+    parts = [e.delta.partial_json for e in events if e.type == "content_block_delta"
+             and e.delta.type == "input_json_delta"]
+    assert len(parts) > 1, parts
+    assert json.loads("".join(parts)) == ARGS
+    assert [b.type for b in final.content] == [b.type for b in whole.content] == ["thinking", "text", "tool_use"]
+    assert final.content[2].input == whole.content[2].input == ARGS
+    assert final.content[2].name == "write" and final.stop_reason == whole.stop_reason == "tool_use"
+
+
+def test_responses_arguments_stream_and_match_the_answer(engine):
+    with serve(engine, script=Script([TURN, TURN])) as url:
+        client = _chat(url)
+        whole = client.responses.create(model="m", input="Write hello.py", tools=RESPONSES_TOOLS)
+        events = list(client.responses.create(model="m", input="Write hello.py", tools=RESPONSES_TOOLS, stream=True))
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    (done,) = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert len(deltas) > 1, deltas
+    assert "".join(deltas) == done.arguments
+    (expected,) = [i for i in whole.output if i.type == "function_call"]
+    (streamed,) = [i for i in events[-1].response.output if i.type == "function_call"]
+    assert streamed.arguments == expected.arguments and json.loads(expected.arguments) == ARGS
+    assert streamed.name == expected.name == "write"
+    # the item was announced before its arguments, once
+    added = [e for e in events if e.type == "response.output_item.added" and e.item.type == "function_call"]
+    assert len(added) == 1 and events.index(added[0]) < events.index(
+        next(e for e in events if e.type == "response.function_call_arguments.delta"))
+
+
+# --- cut off by max_tokens ----------------------------------------------------------
+
+
+def test_cut_off_call_stays_a_partial_call_in_every_protocol(engine):
+    turns = [TURN] * 6
+    with serve(engine, script=Script(turns)) as url:
+        chat, messages = _chat(url), _anthropic(url)
+        whole = chat.chat.completions.create(model="m", messages=MESSAGES, tools=CHAT_TOOLS, max_tokens=CUT)
+        deltas, call, finish, content = _chat_stream(chat, model="m", messages=MESSAGES, tools=CHAT_TOOLS,
+                                                     max_tokens=CUT)
+        m_whole = messages.messages.create(model="m", max_tokens=CUT, messages=MESSAGES, tools=ANTHROPIC_TOOLS)
+        with messages.messages.stream(model="m", max_tokens=CUT, messages=MESSAGES, tools=ANTHROPIC_TOOLS) as s:
+            m_final = s.get_final_message()
+        r_whole = chat.responses.create(model="m", input="Write hello.py", tools=RESPONSES_TOOLS,
+                                        max_output_tokens=CUT)
+        r_events = list(chat.responses.create(model="m", input="Write hello.py", tools=RESPONSES_TOOLS,
+                                              max_output_tokens=CUT, stream=True))
+    # chat: a tool call with the arguments so far, finish_reason length, no markup as text
+    choice = whole.choices[0]
+    assert choice.finish_reason == finish == "length"
+    (partial,) = choice.message.tool_calls
+    assert partial.function.name == call["name"] == "write"
+    assert partial.function.arguments == call["arguments"]
+    assert ARGS["content"].startswith(_partial_content(partial.function.arguments))
+    assert "<tool_call>" not in (choice.message.content or "") and "<tool_call>" not in content
+    # anthropic: a tool_use block, stop_reason max_tokens
+    assert m_whole.stop_reason == m_final.stop_reason == "max_tokens"
+    assert [b.type for b in m_whole.content][-1] == "tool_use" and m_whole.content[-1].name == "write"
+    assert m_final.content[-1].input == m_whole.content[-1].input
+    assert all("<tool_call>" not in getattr(b, "text", "") for b in m_whole.content)
+    # responses: incomplete, the call item kept
+    assert r_whole.status == r_events[-1].response.status == "incomplete"
+    (r_call,) = [i for i in r_whole.output if i.type == "function_call"]
+    (s_call,) = [i for i in r_events[-1].response.output if i.type == "function_call"]
+    assert r_call.name == s_call.name == "write" and r_call.arguments == s_call.arguments
+    assert "".join(e.delta for e in r_events if e.type == "response.function_call_arguments.delta") == s_call.arguments
+    assert "<tool_call>" not in (r_whole.output_text or "")
+
+
+def _partial_content(arguments: str) -> str:
+    from jumpahead.proxy.tool_stream import partial_json
+
+    value = partial_json(arguments)
+    assert isinstance(value, dict) and value.get("path") == "hello.py", arguments
+    return value.get("content", "")
+
+
+# --- the default model writes the call itself (tool_choice required) ----------------
+
+
+@pytest.mark.slow  # the model decodes ~80 tokens twice
+def test_model_written_call_streams_like_the_answer(loaded_model, tmp_path):
+    from jumpahead.engine.engine import Engine, EngineConfig
+
+    model, tokenizer, info = loaded_model
+    eng = Engine(model, tokenizer, info, EngineConfig(max_batch=2, prefix_cache=False))
+    body = dict(model="m", messages=[{"role": "user", "content": "Create notes.txt saying hi"}], tools=CHAT_TOOLS,
+                tool_choice="required", temperature=0, max_tokens=80)
+    try:
+        with serve(eng) as url:
+            client = _chat(url)
+            whole = client.chat.completions.create(**body)
+            deltas, call, finish, _ = _chat_stream(client, **body)
+    finally:
+        eng.close()
+    (expected,) = whole.choices[0].message.tool_calls
+    assert expected.function.name == call["name"] == "write"
+    assert call["arguments"] == expected.function.arguments
+    assert finish == whole.choices[0].finish_reason
+    assert len(deltas) > 1, deltas
