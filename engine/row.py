@@ -80,6 +80,10 @@ class Row:
     cut_by: Proposer | None = None
     # per-proposer acceptance rates that size this row's verified proposals
     acceptance: dict[str, Acceptance] = field(default_factory=dict)
+    # engine/forecast.py: the output length at which the message a running copy comes
+    # from ends, and the prompt's end-of-message positions (found once)
+    copy_end: int | None = None
+    prompt_stops: list[int] | None = None
 
     def __post_init__(self) -> None:
         self.stop_text = StopText(list(self.req.stop))

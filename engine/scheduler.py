@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
+from .forecast import note_copy, remaining
 from .model_runner import ModelRunner
 from .proposal import VERIFIED_KINDS, Proposal
 from .row import Row
@@ -47,9 +48,10 @@ class SchedulerConfig:
     # What an accepted verified token is worth (engine/width_policy.py).
     # "throughput" (default): a round sooner for its row while requests wait for a
     # slot (the slot goes to them), and a whole round for the row the batch waits on
-    # last; otherwise finishing sooner only makes the remaining rounds one row
-    # smaller, which on a compute-bound CPU never pays for verifying, so rows with
-    # nothing to propose do not pay for their neighbours' proposals.
+    # last (by forecast: engine/forecast.py); otherwise finishing sooner only makes
+    # the remaining rounds one row smaller, which on a compute-bound CPU never pays
+    # for verifying, so rows with nothing to propose do not pay for their
+    # neighbours' proposals.
     # "latency": always a round sooner for its row, so every row's proposals are
     # sized for that row's own speed (its neighbours pay a few percent).
     objective: str = "throughput"
@@ -257,8 +259,8 @@ class Scheduler:
         if self.config.objective == "latency" or slot_wanted or batch == 1 or row not in self.running:
             return policy.share(batch)
         fixed, per_token, _ = policy.costs()
-        left = row.max_tokens - len(row.output)
-        if all(left > r.max_tokens - len(r.output) for r in self.running if r is not row):
+        mine = remaining(row)  # forecast tokens to go (engine/forecast.py)
+        if all(mine > remaining(r) for r in self.running if r is not row):
             return fixed + per_token * batch  # the batch may wait on this row last: a whole round
         # The remaining rounds are one row smaller. (Rows tied for last gain nothing
         # from one of them finishing sooner: the batch still waits on the others.)
@@ -460,6 +462,8 @@ class Scheduler:
                 acc = row.acceptance.get(self._acceptance_key(prop))
                 if acc is not None:
                     acc.observe(k, accepted)
+                if prop.source is not None and prop.kind != "strict":
+                    note_copy(row, prop.source[0], accepted)  # a copy in progress (engine/forecast.py)
                 row.stats.proposed += k
                 row.stats.accepted += accepted
                 row.stats.rejected += k - accepted

@@ -58,6 +58,10 @@ class GenerationRequest:
     # The request's tools (OpenAI function tools) for the template-scaffold strict
     # proposer (engine/scaffold.py); None or [] = no scaffold.
     tools: list[dict] | None = None
+    # Output lengths (tokens) of the session's recent turns, oldest first: the
+    # throughput objective forecasts from them which row the batch waits on last
+    # (engine/forecast.py). Empty: unknown (the remaining max_tokens is used).
+    recent_lengths: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -24,6 +24,7 @@ from .output_parser import OutputParser
 from .prompt import continues_final_message, prompt_opens_reasoning, render_prompt
 from .script import Script, ScriptedProposer, fit_prompt, render_turn, turn_tokens
 from .turn import OutputEvent, Turn, TurnEnd, TurnFinish, TurnOutput, Usage
+from .turn_lengths import recent_turn_lengths
 
 log = logging.getLogger(__name__)
 _TAIL = 32  # output tokens kept to tell which stop string ended a turn
@@ -83,6 +84,7 @@ def prepare_turn(engine: Any, turn: Turn, script: Script | None = None, exchange
     rewrite the Turn before rendering and add proposers to the row.
     """
     hooks = list(hooks or [])
+    client_turn = turn
     if exchange is None and hooks:  # hooks keep per-exchange state: give them one (replay, scripts)
         exchange = Exchange(protocol="internal")
     if exchange is not None:
@@ -94,6 +96,9 @@ def prepare_turn(engine: Any, turn: Turn, script: Script | None = None, exchange
     prepared = _prepare(engine, turn, script)
     prepared.exchange = exchange
     prepared.hooks = hooks
+    # The model's recent answers in this session, as the client resent them: the
+    # throughput objective forecasts who finishes last from them (engine/forecast.py).
+    prepared.request.recent_lengths = recent_turn_lengths(engine.tokenizer, client_turn)
     extra = [p for hook in hooks for p in hook.row_proposers(exchange, prepared)]
     if extra:
         prepared.request.proposers = [*extra, *prepared.request.proposers] if prepared.scripted is None \
