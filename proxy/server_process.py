@@ -42,7 +42,7 @@ def exit_on_sigterm() -> None:
 class ServerProcess:
     """`python -m jumpahead.proxy.cli serve ARGS --port P`, its log in `log_path`."""
 
-    def __init__(self, args: list[str], log_path: str | Path, start_timeout: float = 300.0) -> None:
+    def __init__(self, args: list[str], log_path: str | Path, start_timeout: float = 1200.0) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log_path)

@@ -104,7 +104,7 @@ def test_memory_audit_counts_a_row_that_is_still_running(engine):
         async def during() -> tuple[dict, object]:
             async with httpx.AsyncClient() as client:
                 task = asyncio.ensure_future(stream_request(
-                    client, url, "chat", request_body("chat", "s", "Count to fifty.", 120, temperature=0.8)))
+                    client, url, "chat", request_body("chat", "s", "Count to fifty.", 40, temperature=0.8)))
                 while True:
                     m = (await client.get(url + "/metrics.json", timeout=30)).json()["engine"]["memory"]
                     if m["rows_running"] or task.done():
@@ -168,6 +168,7 @@ def _figures(report: dict) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_load_mixed_protocols_no_errors_every_stream_terminated_memory_bounded(tmp_path):
     r = _bench("load", "--clients", "8", "--seconds", "40", "--baseline-seconds", "10",
                "--work-dir", str(tmp_path), timeout=1500)
@@ -183,6 +184,7 @@ def test_load_mixed_protocols_no_errors_every_stream_terminated_memory_bounded(t
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_hundred_clients_vanish_mid_prefill_and_mid_stream(tmp_path):
     r = _bench("disconnect", "--count", "100", "--concurrency", "12", "--work-dir", str(tmp_path), timeout=1500)
     assert r["clients"] == 100
@@ -196,6 +198,7 @@ def test_hundred_clients_vanish_mid_prefill_and_mid_stream(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)
 def test_sigkill_during_ssd_cache_writes(tmp_path):
     kills = os.environ.get("JUMPAHEAD_CRASH_KILLS", "5")
     r = _bench("crash", "--target", "ssd", "--kills", kills, "--tear-every", "2", "--work-dir", str(tmp_path),
@@ -211,6 +214,7 @@ def test_sigkill_during_ssd_cache_writes(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)
 def test_sigkill_during_trace_writes(tmp_path):
     kills = os.environ.get("JUMPAHEAD_CRASH_KILLS", "5")
     r = _bench("crash", "--target", "trace", "--kills", kills, "--tear-every", "2", "--work-dir", str(tmp_path),
