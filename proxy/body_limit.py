@@ -76,3 +76,27 @@ def _replay(first: list[Message], receive: Receive) -> Receive:
         return await receive()
 
     return replay
+
+
+# Real bodies nest ~12 levels (tool schemas). orjson reads up to 1024 levels but writes
+# at most 254, and the server re-serializes parts of a body (tool-call arguments given
+# as objects, trace records), so a deeper body is refused when it is read, not later
+# as a 500.
+MAX_JSON_DEPTH = 128
+
+
+def too_deep(value: object, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether `value` (parsed JSON) nests objects/arrays more than `limit` levels."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False

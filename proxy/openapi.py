@@ -32,10 +32,10 @@ _JUMPAHEAD = {"type": "object", "description": "jumpahead options: methods, poli
                              "replace": _BOOL}}
 
 _CHAT_CONTENT = _one_of(_STR, _NULLABLE, _OBJ, {"type": "array", "items": _one_of(_STR, _OBJ)})
-_CHAT_TOOL_CALL = {"type": "object", "properties": {  # a flat {"name", "arguments"} is tolerated
-    "id": _STR, "type": _STR,
+_CHAT_TOOL_CALL = {"type": "object", "properties": {  # a flat {"name", "arguments"} is tolerated; a bad id is replaced
     "function": {"type": "object", "required": ["name"],
-                 "properties": {"name": {"type": "string", "minLength": 1}, "arguments": _one_of(_STR, _OBJ)}}}}
+                 "properties": {"name": {"type": "string", "minLength": 1},
+                                "arguments": _one_of(_STR, _OBJ, {"type": "array"}, _NULLABLE)}}}}
 CHAT_REQUEST: dict[str, Any] = {
     "type": "object",
     "required": ["messages"],
@@ -44,12 +44,13 @@ CHAT_REQUEST: dict[str, Any] = {
         "messages": {"type": "array", "minItems": 1, "items": {
             "type": "object", "required": ["role"],
             "properties": {"role": {"enum": ["system", "developer", "user", "assistant", "tool", "function"]},
-                           "content": _CHAT_CONTENT, "name": _STR, "tool_call_id": _STR,
+                           "content": _CHAT_CONTENT,
                            "tool_calls": {"type": "array", "items": _CHAT_TOOL_CALL}}}},
         # a tool whose type is not "function" (hosted tools) is skipped, whatever it holds
         "tools": {"type": "array", "items": {"type": "object", "if": _FUNCTION_TYPED, "then": {"properties": {
             "function": {"type": "object", "required": ["name"],
-                         "properties": {"name": {"type": "string", "minLength": 1}, "parameters": _OBJ}}}}}},
+                         "properties": {"name": {"type": "string", "minLength": 1},
+                                        "parameters": _one_of(_OBJ, _NULLABLE)}}}}}},
         "tool_choice": _one_of({"enum": ["auto", "none", "required"]}, _OBJ),
         "max_tokens": _POS_INT, "max_completion_tokens": _POS_INT,
         "n": {"type": "integer", "minimum": 1, "maximum": 1},
@@ -79,7 +80,7 @@ MESSAGES_REQUEST: dict[str, Any] = {
             "type": "object", "required": ["role"],
             "properties": {"role": {"enum": ["user", "assistant", "system", "developer"]},
                            "content": _one_of(_BLOCKS, _NULLABLE)}}},
-        "system": _one_of(_STR, {"type": "array", "items": _OBJ}),
+        "system": _one_of(_STR, _OBJ, _NULLABLE, {"type": "array", "items": _one_of(_STR, _OBJ)}),
         "max_tokens": _POS_INT,
         "temperature": {"type": "number", "minimum": 0, "maximum": 1},
         "top_p": _TOP_P,
@@ -88,12 +89,11 @@ MESSAGES_REQUEST: dict[str, Any] = {
         "stop_sequences": {"type": "array", "items": _STR},
         "stream": _BOOL,
         # a tool without input_schema is a server tool (web_search, ...): skipped
-        "tools": {"type": "array", "items": {"type": "object", "if": {"required": ["input_schema"]}, "then": {
+        "tools": {"type": "array", "items": {"type": "object", "if": {
+            "required": ["input_schema"], "not": {"properties": {"input_schema": _NULLABLE}}}, "then": {
             "required": ["name"], "properties": {"name": {"type": "string", "minLength": 1}, "input_schema": _OBJ}}}},
         "tool_choice": {"type": "object", "properties": {"type": {"enum": ["auto", "any", "tool", "none"]},
                                                           "name": _STR}},
-        "thinking": _OBJ,
-        "metadata": _OBJ,
         "jumpahead": _JUMPAHEAD,
     },
 }
@@ -118,7 +118,8 @@ RESPONSES_REQUEST: dict[str, Any] = {
         "store": _BOOL,
         "include": {"type": "array", "items": _STR},
         "tools": {"type": "array", "items": {"type": "object", "if": _FUNCTION_TYPED, "then": {
-            "required": ["name"], "properties": {"name": {"type": "string", "minLength": 1}, "parameters": _OBJ}}}},
+            "required": ["name"], "properties": {"name": {"type": "string", "minLength": 1},
+                                                 "parameters": _one_of(_OBJ, _NULLABLE)}}}},
         "tool_choice": _one_of({"enum": ["auto", "none", "required"]}, _OBJ),
         "reasoning": _OBJ,
         "jumpahead": _JUMPAHEAD,

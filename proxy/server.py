@@ -30,7 +30,7 @@ from starlette.routing import Route
 from . import sse
 from .access import AccessConfig, access_middleware
 from .anthropic_messages import MessagesStream, message_id, message_object, parse_messages_request
-from .body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
+from .body_limit import DEFAULT_MAX_BODY_BYTES, MAX_JSON_DEPTH, BodyLimitMiddleware, too_deep
 from .errors import APIError, error_body, invalid_request, not_found, server_error
 from .exchange import Exchange
 from .openai_chat import ChatStream, chat_completion, completion_id, parse_chat_request
@@ -114,9 +114,12 @@ async def read_json(request: Request) -> Any:
     if not raw.strip():
         raise invalid_request("the request body is empty; expected a JSON object")
     try:
-        return orjson.loads(raw)
+        value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise invalid_request(f"the request body is not valid JSON: {exc}") from None
+    if too_deep(value):
+        raise invalid_request(f"the request body nests objects and arrays deeper than {MAX_JSON_DEPTH} levels")
+    return value
 
 
 async def _wait_disconnect(request: Request) -> None:

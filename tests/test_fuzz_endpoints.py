@@ -29,6 +29,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from jumpahead.proxy.body_limit import MAX_JSON_DEPTH  # deeper bodies are refused when read
+
 from .serving import serve
 
 FUZZ_EXAMPLES = 12  # per generation endpoint; a generating case costs one model forward or two
@@ -36,7 +38,6 @@ SLOW_EXAMPLES = 150
 PROBE_EVERY = 8  # a valid request after every 8th case and after each test (the server still serves)
 TIMEOUT_S = 180.0  # one request; the machine is shared, the model small (a hang would be minutes)
 BODY_LIMIT = 2 << 20
-MAX_JSON_DEPTH = 1024  # orjson's limit: deeper bodies are not JSON to the server (400)
 CASES: Counter[str] = Counter()  # "path kind" -> cases sent
 PROBES: Counter[str] = Counter()  # valid requests sent between cases (all answered 200)
 
@@ -185,7 +186,7 @@ def mutated(draw: st.DrawFn, path: str) -> tuple[str, bytes, Any]:
         _set(body, draw(st.sampled_from(strings)), draw(st.sampled_from(["A", "é", "日本", " \n", "{\""])) * size)
     elif kind == "deep_nesting":
         where = draw(st.sampled_from([*nodes, ("extra_field",), ("jumpahead",), ("metadata",)]))
-        depth = draw(st.sampled_from([20, 300, 1000, 5000]))
+        depth = draw(st.sampled_from([20, MAX_JSON_DEPTH - 8, 300, 1000, 5000]))
         _set(body, where, _nest(depth, draw(st.sampled_from(["x", 1, None])), draw(st.sampled_from(["list", "dict"]))))
     elif kind == "invalid_utf8":
         strings = [p for p in nodes if isinstance(_get(body, p), str)]
