@@ -158,10 +158,38 @@ class OracleJump(_JumpPolicy):
         except ValueError:
             raise ValueError(f"oracle-jump: min_chars must be an integer, got {options['min_chars']!r}") from None
         self.oracle: str | None = None
+        self._tokenizer: Any = None
+        self._ids: list[int] | None = None  # the recording's token ids (lazily)
 
     def configure(self, ctx: RequestContext) -> None:
         super().configure(ctx)
         self.oracle = oracle_output(ctx.turn)
+        self._tokenizer, self._ids = ctx.tokenizer, None
+
+    def _record_tokens(self, event: BoundaryEvent, end: int) -> list[int] | None:
+        """The recording's own token ids from the jump point up to its last token
+        boundary at or before character `end`. A jump cut mid-token and re-encoded spells
+        the text with other tokens than the record's, so forced replay would diverge
+        although the text is right. None where the output so far is not the recording's
+        tokens or the tokenizer cannot say (then the text is supplied as it is)."""
+        tok, oracle = self._tokenizer, self.oracle
+        if tok is None or not oracle or not hasattr(tok, "decode"):
+            return None
+        if self._ids is None:
+            self._ids = [int(t) for t in tok.encode(oracle, add_special_tokens=False)]
+        ids, n = self._ids, len(event.output_tokens)
+        if [int(t) for t in event.output_tokens] != ids[:n] or tok.decode(ids[:n]) != event.output_text:
+            return None
+        lo, hi = n, len(ids)  # the largest m whose decoded prefix ends at or before `end`
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if len(tok.decode(ids[:mid])) <= end:
+                lo = mid
+            else:
+                hi = mid - 1
+        while lo > n and not oracle.startswith(tok.decode(ids[:lo])):
+            lo -= 1  # a byte-level token that splits a character: stop before it
+        return ids[n:lo]
 
     def plan(self, event: BoundaryEvent) -> JumpPlan | None:
         oracle, out = self.oracle, event.output_text
@@ -176,6 +204,12 @@ class OracleJump(_JumpPolicy):
         if supplied <= 0:
             return None
         text = rest[:supplied]
+        tokens = self._record_tokens(event, len(out) + supplied)
+        if tokens is not None:
+            if not tokens:
+                return None
+            text = oracle[len(out):len(self._tokenizer.decode(self._ids[:len(event.output_tokens) + len(tokens)]))]
+            supplied = len(text)
         call = parse_partial(event.call_text)
         fmt = CallFormat.detect(event.call_text, self.end)
         items: list[tuple[str, Any]] = []
@@ -190,7 +224,7 @@ class OracleJump(_JumpPolicy):
                  + ("" if supplied == len(rest) else "; stopped at unsourced content"))
         keys = [k for k in (r.content_key, r.new_key, r.command_key) if r and k] if r else []
         return JumpPlan(call, fmt, items, r, (best[1], best[2]) if best else None, best[0] if best else "context",
-                        label, [k for k in keys if k in dict(items)], fixed_text=text)
+                        label, [k for k in keys if k in dict(items)], fixed_text=text, fixed_tokens=tokens)
 
     @staticmethod
     def _items(call: Any, body: str) -> list[tuple[str, Any]] | None:

@@ -108,6 +108,7 @@ class JumpPlan:
     label: str = ""
     content_keys: list[str] = field(default_factory=list)  # keys holding content (perturbable)
     fixed_text: str | None = None  # a recorded continuation taken as is (oracle jumps)
+    fixed_tokens: list[int] | None = None  # fixed_text as the record's own token ids (token-exact)
 
     def text(self) -> str | None:
         if self.fixed_text is not None:
@@ -118,7 +119,8 @@ class JumpPlan:
         text = self.text()
         if not text:
             return None
-        return Intervention(text=text, source=self.source, source_in=self.source_in,  # type: ignore[arg-type]
+        tokens = self.fixed_tokens if self.fixed_text is not None else None
+        return Intervention(text=text, tokens=tokens, source=self.source, source_in=self.source_in,  # type: ignore[arg-type]
                             label=self.label)
 
 

@@ -128,3 +128,102 @@ def test_show_reasoning_template_variant() -> None:
 
     with pytest.raises(TemplateError, match="embedded default"):
         showing_reasoning(Other())
+
+
+def test_oracle_jump_supplies_the_records_own_tokens() -> None:
+    """An oracle jump that stops inside a value (the rest is not sourced) ends at a token
+    boundary of the recording and hands over the recording's own token ids: re-encoding
+    the cut text would spell it with other tokens, and forced replay would diverge (seen
+    on the public pi session)."""
+    import json
+
+    from jumpahead.policies.api import BoundaryEvent
+    from jumpahead.policies.jump import OracleJump
+    from jumpahead.proxy.turn import Tool
+
+    tokenizer = default_tokenizer()
+    bash = Tool("bash", "Run a command", {"type": "object", "properties": {"command": {"type": "string"}},
+                                          "required": ["command"]})
+    known = "cd /repo && python -m pytest tests/test_fields.py"
+    call = json.dumps({"name": "bash", "arguments": {"command": known + "x -q -k zqvnovelname"}})
+    recorded = f"<tool_call>\n{call}\n</tool_call>"
+    turn = Turn(messages=[Message("user", f"Run `{known}` please.")], tools=[bash],
+                extra={"jumpahead": {"oracle_output": recorded}})
+    policy = OracleJump()
+    policy.on_request(RequestContext(turn=turn, session=SessionState("s"), tokenizer=tokenizer, context_length=8192))
+    ids = tokenizer.encode(recorded, add_special_tokens=False)
+    n = next(k for k in range(len(ids)) if '"bash"' in tokenizer.decode(ids[:k]))  # just after the tool name
+    out = tokenizer.decode(ids[:n])
+    context = tokenizer.decode(render_prompt(tokenizer, turn))
+    event = BoundaryEvent("tool_name", out, ids[:n], "", "", context, tool_name="bash",
+                          call_text=out[len("<tool_call>"):])
+    iv = policy.on_tool_name(event)
+    assert iv is not None and iv.tokens, "the known command prefix is sourced"
+    assert list(iv.tokens) == ids[n:n + len(iv.tokens)]  # the recording's own tokens
+    assert recorded.startswith(out + iv.text) and known in out + iv.text
+    assert "zqvnovelname" not in iv.text  # never past the sourced content
+    # the same jump point without the output's token ids falls back to the text
+    plain = policy.on_tool_name(dataclasses.replace(event, output_tokens=[]))
+    assert plain is not None and plain.tokens is None and plain.text.startswith(iv.text)
+
+
+@pytest.mark.slow
+def test_policy_arms_in_forced_replay(loaded_model) -> None:
+    """The policy arms through forced replay on the last two turns of the public
+    mini-swe-agent session (under the template that shows earlier reasoning, where
+    reasoning compaction has something to remove; the served template drops it)."""
+    from jumpahead.traces.arms import parse_arms
+    from jumpahead.traces.replay import ReplayOptions, replay
+    from jumpahead.traces.templates import showing_reasoning
+
+    session = load_public(SESSIONS[0])
+    model, tokenizer, info = loaded_model
+    names = ["compaction:clear_at_least=128", "compaction:clear_at_least=128,sticky=false", "oracle-jump",
+             "mistaken-jump:rate=1,seed=1,base=oracle"]
+    arms = parse_arms(names)
+    doc = replay([session], ReplayOptions(arms, turns=2, max_context=2048, max_output_tokens=200),
+                 (model, showing_reasoning(tokenizer), info))
+    assert doc["warnings"] == []
+    (report,) = doc["sessions"]
+    turns = report["turns"]
+    assert len(turns) == 2 and turns[0]["index"] < turns[1]["index"]
+    sticky, loose, oracle, mistaken = names
+    for t in turns:
+        ordinary = t["arms"]["ordinary"]
+        assert ordinary["prompt_tokens"] == t["prompt_tokens"]  # no policy: the planned prompt
+        for name in ("ordinary", sticky, loose, oracle):  # rewrites and oracle jumps keep the record
+            arm = t["arms"][name]
+            assert arm["identical"] is True and arm["diverged"] is False, (name, t["index"])
+            assert sum(arm["tokens_by_kind"].values()) == t["output_tokens"]
+    # compaction shrinks the prompt on some turn (and never grows it)
+    assert all(t["arms"][sticky]["prompt_tokens"] <= t["prompt_tokens"] for t in turns)
+    assert any(t["arms"][sticky]["prompt_tokens"] < t["prompt_tokens"] for t in turns)
+    # the oracle supplies correct tokens: D > 0, the output is the record
+    supplied = [i for t in turns for i in t["arms"][oracle]["interventions"] if i["kind"] == "jump"]
+    assert supplied and all(i["tokens"] > 0 and i["D_s"] > 0 and not i.get("wrong") for i in supplied)
+    assert sum(i["tokens"] for i in supplied) == sum(t["arms"][oracle]["tokens_by_kind"].get("jump", 0) for t in turns)
+    # every mistaken jump is perturbed where a perturbation applies (rate=1): the turn
+    # diverges inside the jump and pays R; an unperturbed one keeps the record
+    perturbed_turns = 0
+    for t in turns:
+        arm = t["arms"][mistaken]
+        jumps = [i for i in arm["interventions"] if i["kind"] == "jump"]
+        labels = [p.get("label", "") for p in arm.get("policy_interventions", []) if p.get("policy") == "mistaken-jump"]
+        perturbed = [x for x in labels if x.startswith("mistaken ") and not x.startswith("mistaken none")]
+        if not perturbed:
+            assert arm["identical"] is True, (t["index"], labels)
+            continue
+        perturbed_turns += 1
+        assert jumps and any(k in perturbed[0] for k in ("wrong_path", "truncated", "wrong_file"))
+        assert arm["diverged"] is True and arm["identical"] is False
+        wrong = [i for i in jumps if i.get("wrong")]
+        assert len(wrong) == 1 and wrong[0]["at"] <= arm["diverged_at"] < wrong[0]["at"] + wrong[0]["tokens"]
+        assert arm["R_s"] > 0 and arm["model_s"] == pytest.approx(arm["measured_model_s"] + arm["R_s"], abs=1e-5)
+    assert perturbed_turns >= 1
+    # session totals: prompt tokens after policies and the cache hit rate
+    totals = report["totals"]
+    for name, total in totals.items():
+        assert total["prompt_tokens"] == sum(t["arms"][name]["prompt_tokens"] for t in turns)
+        assert total["cache_hit_rate"] == pytest.approx(total["cached_tokens"] / total["prompt_tokens"], abs=1e-4)
+    assert totals[sticky]["prompt_tokens"] < totals["ordinary"]["prompt_tokens"]
+    assert totals[sticky]["cache_hit_rate"] >= totals[loose]["cache_hit_rate"]
