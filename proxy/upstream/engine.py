@@ -50,6 +50,7 @@ log = logging.getLogger("jumpahead.upstream")
 TURN_ATTR = "upstream_turn"  # GenerationRequest attribute: (Turn after policies, session id)
 CONTINUING_OWNERS = ("jumpahead", "vllm", "sglang")  # /v1/models owned_by of engines that continue a prefix
 DEFAULT_CONTEXT = 32768  # when no upstream reports its window
+HEALTH_FAILURES = 2  # failed checks in a row before a replica is skipped (a refused request: at once)
 
 
 @dataclass
@@ -208,9 +209,10 @@ class UpstreamEngine:
             message = None if ok else f"health check answered {r.status_code}"
         except httpx.HTTPError as exc:
             ok, message = False, f"health check failed: {type(exc).__name__}: {exc}"
-        if ok != replica.healthy:
+        was = replica.healthy
+        self.replicas.mark(replica, ok, message, checks=HEALTH_FAILURES)
+        if was != replica.healthy:
             log.warning("upstream %s is %s%s", replica.url, "back" if ok else "down", f" ({message})" if message else "")
-        self.replicas.mark(replica, ok, message)
 
     async def _health_loop(self) -> None:
         while True:
@@ -227,15 +229,16 @@ class UpstreamEngine:
         client = self._http()
         order = [pinned] if pinned is not None else self.replicas.order(session)
         tried: list[str] = []
-        for k, replica in enumerate(order):
+        for replica in order:
             request = client.build_request("POST", f"{replica.url}/chat/completions", content=orjson.dumps(body),
                                            headers={"content-type": "application/json",
                                                     **({"x-session-id": session} if session else {})})
-            self.replicas.begin(replica, session, failover=k > 0)
+            self.replicas.begin(replica, session)
             t0 = time.perf_counter()
             try:
                 response = await client.send(request, stream=True)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError, httpx.RemoteProtocolError) as exc:
+                # refused, or a kept-alive connection the replica closed by dying: nothing ran there
                 self.replicas.end(replica)
                 self.replicas.failed(replica, f"{type(exc).__name__}: {exc}", down=True)
                 tried.append(f"{replica.url} ({type(exc).__name__}: {exc or 'connection failed'})")

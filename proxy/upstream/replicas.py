@@ -35,7 +35,8 @@ class Replica:
     in_flight: int = 0
     requests: int = 0
     errors: int = 0
-    failovers: int = 0  # requests that came here because their own replica was down
+    failovers: int = 0  # requests of sessions homed elsewhere (their replica was down)
+    failed_checks: int = 0  # consecutive failed health checks
     sessions: set[str] = field(default_factory=set)
     last_error: str | None = None
     last_error_at: float | None = None
@@ -99,7 +100,8 @@ class ReplicaSet:
         healthy = [self.replicas[i] for i in seq if self.replicas[i].healthy]
         return healthy + [self.replicas[i] for i in seq if not self.replicas[i].healthy]
 
-    def begin(self, replica: Replica, session: str, failover: bool) -> None:
+    def begin(self, replica: Replica, session: str) -> None:
+        failover = self.routing == "affinity" and bool(session) and self.replicas[self.home(session)] is not replica
         with self._lock:
             replica.in_flight += 1
             replica.requests += 1
@@ -125,9 +127,12 @@ class ReplicaSet:
             replica.ttfb_s += seconds
             replica.ttfb_n += 1
 
-    def mark(self, replica: Replica, healthy: bool, message: str | None = None) -> None:
+    def mark(self, replica: Replica, healthy: bool, message: str | None = None, *, checks: int = 1) -> None:
+        """A health verdict; down only after `checks` failures in a row (one slow
+        answer on a loaded machine does not move a replica's sessions)."""
         with self._lock:
-            replica.healthy = healthy
+            replica.failed_checks = 0 if healthy else replica.failed_checks + 1
+            replica.healthy = healthy or (replica.healthy and replica.failed_checks < checks)
             if not healthy and message:
                 replica.last_error = message[:500]
                 replica.last_error_at = time.time()
