@@ -32,7 +32,7 @@ from .types import GenerationRequest
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "clients"
 
 # What each arm runs: ordinary constrained decoding, strict fill alone (verified, or
-# asserted by `StrictFill.asserted`), and the server's default (strict + echo + ngram).
+# asserted by `StrictFill.asserted`), and the server's default (strict + SERVER_DEFAULT).
 ARM_METHODS: dict[str, list[str]] = {"constrained": ["none"], "strict": ["strict"], "strict_asserted": ["strict"],
                                      "defaults": ["strict", *SERVER_DEFAULT]}
 
@@ -167,7 +167,7 @@ def run_tool_call_arm(
             "identical_outputs": True,
             "target": "gen_time_reduction >= 0.35",
         },
-        "defaults_vs_constrained": {  # the server's default methods (strict + echo + ngram)
+        "defaults_vs_constrained": {  # the server's default methods (strict + SERVER_DEFAULT)
             "methods": ARM_METHODS["defaults"],
             "gen_time_reduction": round(1 - d["gen_s"] / c["gen_s"], 3) if c["gen_s"] else None,
             "wall_reduction": round(1 - d["wall_s"] / c["wall_s"], 3) if c["wall_s"] else None,

@@ -2,10 +2,13 @@
 
 Exact methods never change the output (DESIGN.md, Proposal): verified copies (echo,
 n-gram) are accepted only where the row's own sampler picks them, and checked strict
-fill only where the masked sampler does. They are the server's default
-(`jumpahead serve`; `--methods none` turns every proposer off, strict fill too).
-Unverified methods (a policy's jumps, asserted strict fill) change what the model
-reads and stay opt-in. A draft model needs a second model and stays opt-in too.
+fill only where the masked sampler does. Echo and checked strict fill are the
+server's default (`jumpahead serve`; `--methods none` turns every proposer off,
+strict fill too): the benches show them not slowing rows with nothing to copy or a
+mixed batch. N-gram is exact too but stays opt-in: it proposes on one-token matches
+and has no back-off on rows with nothing to copy (echo has), and no bench has shown
+it paying next to echo. Unverified methods (a policy's jumps, asserted strict fill)
+change what the model reads and stay opt-in; a draft model needs a second model.
 """
 
 from __future__ import annotations
@@ -14,10 +17,10 @@ from typing import Sequence
 
 KNOWN = ("echo", "ngram", "draft", "strict")
 OFF = frozenset({"none", "off"})
-# `jumpahead bench fill` measured these against methods off: no-copy and mixed-batch
+# `jumpahead bench fill` measured echo against methods off: no-copy and mixed-batch
 # arms no slower, copy-heavy turns faster (BENCHMARKS.md, "Exact methods by default").
 # Strict fill is not listed: it runs unless a list says none/off (engine/strict.py).
-SERVER_DEFAULT: tuple[str, ...] = ("echo", "ngram")
+SERVER_DEFAULT: tuple[str, ...] = ("echo",)
 
 
 def parse_methods(text: str | None) -> tuple[str, ...]:

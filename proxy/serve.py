@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", default=None, metavar="LIST",
                         help="proposal methods for requests that name none, comma-separated: "
                              "echo, ngram, draft, strict, or 'none' for ordinary decoding "
-                             "(default: echo,ngram plus checked strict fill, the exact methods)")
+                             "(default: echo plus checked strict fill, the exact methods that pay)")
     parser.add_argument("--draft-model", default=None, metavar="PATH|truncated[:N]",
                         help="a draft model for method 'draft' (same tokenizer family as --model); "
                              "'truncated:N' builds the default model's first N layers (default N=4)")

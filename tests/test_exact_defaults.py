@@ -1,5 +1,5 @@
-"""Exact methods on by default: a fresh `jumpahead serve` runs echo, n-gram and checked
-strict fill for requests that name no methods; `--methods none` runs ordinary decoding.
+"""Exact methods on by default: a fresh `jumpahead serve` runs echo and checked strict
+fill for requests that name no methods; `--methods none` runs ordinary decoding.
 
 The real CLI starts the real server on the embedded model (two subprocesses); a
 copy-heavy request through the OpenAI SDK must get the same answer from both (exact
@@ -34,8 +34,9 @@ logging:
 
 
 def test_parse_methods() -> None:
-    assert parse_methods(None) == SERVER_DEFAULT == ("echo", "ngram")
-    assert describe(parse_methods(None)) == ["echo", "ngram", "strict"]
+    assert parse_methods(None) == SERVER_DEFAULT == ("echo",)
+    assert describe(parse_methods(None)) == ["echo", "strict"]
+    assert describe(("ngram",)) == ["ngram", "strict"]
     assert parse_methods("none") == ("none",) and describe(("none",)) == []
     assert parse_methods("off") == ("off",)
     assert parse_methods("echo, strict") == ("echo", "strict")
@@ -75,7 +76,7 @@ def test_serve_runs_exact_methods_by_default(tmp_path: Path) -> None:
     try:
         urls = {k: _wait(proc, port) for k, (proc, port) in servers.items()}
         health = {k: httpx.get(f"{u}/health", timeout=10).json()["methods"] for k, u in urls.items()}
-        assert health == {"default": ["echo", "ngram", "strict"], "none": []}, health
+        assert health == {"default": ["echo", "strict"], "none": []}, health
         messages = [{"role": "user", "content": f"Here is config.yaml:\n```yaml\n{CONFIG}```\n"
                                                 "Set the port to 9090. Show the whole updated file."}]
         answers = {}
@@ -89,7 +90,7 @@ def test_serve_runs_exact_methods_by_default(tmp_path: Path) -> None:
         fill_default = default.usage.model_extra["fill"]
         fill_none = none.usage.model_extra["fill"]
         assert set(fill_none["tokens"]) == {"sampled"}, fill_none
-        copied = fill_default["tokens"].get("echo", 0) + fill_default["tokens"].get("ngram", 0)
+        copied = fill_default["tokens"].get("echo", 0)
         assert copied > 0 and fill_default["verified"]["proposed"] > 0, fill_default
         assert fill_default["forwards"] < fill_none["forwards"], (fill_default, fill_none)
     finally:
