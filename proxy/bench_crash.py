@@ -278,13 +278,14 @@ def run_trace(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     for i in range(args.kills):
         script = work / f"script-{i}.jsonl"
         _script(script, f"kill{i}", rng)
+        torn_before = set(_unterminated(directory))  # (a line torn on purpose earlier is not this kill's)
         server = ServerProcess(["--script", str(script), "--script-prompt-limit", "64", "--trace-dir", str(directory),
                                 "--no-prefix-cache", "--log-level", "warning"], log)
         try:
             row = asyncio.run(_sessions_until_kill(server.url, args.clients, rng, server.kill, f"kill{i}", completed))
         finally:
             server.kill()
-        row["mid_write"] = bool(_unterminated(directory))
+        row["mid_write"] = bool(set(_unterminated(directory)) - torn_before)
         if args.tear_every and (i + 1) % args.tear_every == 0:
             files = sorted(directory.glob("*.jsonl"))
             if files:

@@ -25,11 +25,12 @@ from jumpahead.traces.trace_file import read_trace
 from tests.serving import serve
 
 REPO = Path(__file__).resolve().parents[1]
+SLOW = 1800.0  # seconds a request or a retirement may take on a machine shared by many test runs
 
 
 async def _stream_all(url: str) -> list:
     async with httpx.AsyncClient() as client:
-        return [await stream_request(client, url, p, request_body(p, "You are brief.", "Say hello.", 12))
+        return [await stream_request(client, url, p, request_body(p, "You are brief.", "Say hello.", 12), timeout=SLOW)
                 for p in PROTOCOLS]
 
 
@@ -37,12 +38,12 @@ def _memory(url: str) -> dict:
     return httpx.get(url + "/metrics.json", params={"gc": "1"}, timeout=60).json()["engine"]["memory"]
 
 
-def _wait_idle(url: str, seconds: float = 120) -> dict:
+def _wait_idle(url: str, seconds: float = SLOW) -> dict:
     import time
 
     deadline = time.monotonic() + seconds
     while True:
-        health = httpx.get(url + "/health", timeout=30).json()
+        health = httpx.get(url + "/health", timeout=SLOW).json()
         if health["rows_running"] == 0 and health["rows_waiting"] == 0:
             return health
         assert time.monotonic() < deadline, f"rows never retired: {health}"
@@ -67,7 +68,7 @@ def test_stream_client_reports_an_http_error(engine):
             async with httpx.AsyncClient() as client:
                 body = request_body("messages", "s", "u", 4)
                 body["messages"] = "not a list"  # a 400 in Anthropic's shape, not a stream
-                return await stream_request(client, url, "messages", body)
+                return await stream_request(client, url, "messages", body, timeout=SLOW)
 
         r = asyncio.run(bad())
     assert not r.ok and r.status == 400 and "HTTP 400" in r.error
@@ -83,7 +84,8 @@ def test_vanished_clients_leave_no_rows_slots_or_cache_accounting_behind(engine)
             for i, protocol in enumerate(PROTOCOLS):
                 long_body = request_body(protocol, "s", f"{i} " + prompt, 32)
                 short_body = request_body(protocol, "s", f"{i} tell a long story", 300, temperature=0.8)
-                jobs += [vanish(url, protocol, long_body, after_s=0.05), vanish(url, protocol, short_body, after_tokens=2)]
+                jobs += [vanish(url, protocol, long_body, after_s=0.05),
+                         vanish(url, protocol, short_body, after_tokens=2, timeout=SLOW)]
             return await asyncio.gather(*jobs)
 
         gone = asyncio.run(storm())
@@ -104,7 +106,7 @@ def test_memory_audit_counts_a_row_that_is_still_running(engine):
         async def during() -> tuple[dict, object]:
             async with httpx.AsyncClient() as client:
                 task = asyncio.ensure_future(stream_request(
-                    client, url, "chat", request_body("chat", "s", "Count to fifty.", 40, temperature=0.8)))
+                    client, url, "chat", request_body("chat", "s", "Count to fifty.", 40, temperature=0.8), timeout=SLOW))
                 while True:
                     m = (await client.get(url + "/metrics.json", timeout=30)).json()["engine"]["memory"]
                     if m["rows_running"] or task.done():
@@ -131,13 +133,13 @@ def test_recorder_resumes_after_a_half_written_line(engine, tmp_path):
     headers = {"x-session-id": "resume-1"}
     body = {"model": "m", "max_tokens": 6, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]}
     with serve(engine, hooks=[TraceRecorder.for_engine(directory, engine)]) as url:
-        first = httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=120).json()
+        first = httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=SLOW).json()
     path = directory / "resume-1.jsonl"
     with path.open("ab") as fh:  # what a kill inside a write() leaves
         fh.write(b'{"type": "turn", "index": 1, "response": {"content": "half')
     # a restarted server (a new recorder) continues the same file
     with serve(engine, hooks=[TraceRecorder.for_engine(directory, engine)]) as url:
-        second = httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=120).json()
+        second = httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=SLOW).json()
     header, turns, warnings = read_trace(path)
     contents = [t["response"]["content"] for t in turns]
     assert contents == [first["choices"][0]["message"]["content"], second["choices"][0]["message"]["content"]]
