@@ -429,6 +429,29 @@ def test_openapi_lists_every_route_with_valid_schemas(server, engine):
             run_case(c, doc, path, "missing", orjson.dumps(body), body)
 
 
+def test_deep_bodies_are_refused_when_read(server):
+    """Found by the fuzzer: tool-call arguments nested past orjson's write limit (254)
+    were accepted, then failed when re-serialized (a 500). Over MAX_JSON_DEPTH: 400."""
+    c, _ = server
+    deep = _nest(200, {"path": "."}, "dict")
+    chat = copy.deepcopy(CHAT_BASE)
+    chat["messages"][2]["tool_calls"][0]["function"]["arguments"] = deep
+    messages = copy.deepcopy(MESSAGES_BASE)
+    messages["messages"][1]["content"][1]["input"] = deep
+    responses = copy.deepcopy(RESPONSES_BASE)
+    responses["input"][1]["arguments"] = deep
+    for path, body in (("/v1/chat/completions", chat), ("/v1/messages", messages), ("/v1/responses", responses),
+                       ("/v1/messages/count_tokens", {**messages, "max_tokens": None})):
+        r = c.post(path, content=_dumps_deep(body), headers={"content-type": "application/json"})
+        check_answer(r, path, True, False)
+        assert "deeper than" in r.text
+    # just under the limit (the tool schema nests as deep as a body may): read and counted
+    ok = copy.deepcopy(COUNT_BASE)
+    ok["tools"][0]["input_schema"]["properties"]["path"]["x"] = _nest(MAX_JSON_DEPTH - 10, 1, "list")
+    r = c.post("/v1/messages/count_tokens", content=orjson.dumps(ok), headers={"content-type": "application/json"})
+    assert r.status_code == 200 and r.json()["input_tokens"] > 0, r.text[:300]
+
+
 def test_zz_report_the_number_of_cases(capsys):
     """Prints the figures (run after the fuzz tests of this module, in file order)."""
     total = sum(CASES.values())
