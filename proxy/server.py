@@ -251,7 +251,7 @@ async def messages(request: Request) -> Response:
 
 async def count_tokens(request: Request) -> Response:
     engine = _engine(request)
-    turn = parse_messages_request(await read_json(request), for_counting=True)
+    turn = parse_messages_request(await read_json(request), for_counting=True, signer=request.app.state.signer)
     prompt = await asyncio.to_thread(render_prompt, engine.tokenizer, turn)
     return JSONResponse({"input_tokens": len(prompt)})
 
