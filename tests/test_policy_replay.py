@@ -168,6 +168,7 @@ def test_oracle_jump_supplies_the_records_own_tokens() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # ~3 min on a quiet machine; a busy shared one takes several times that
 def test_policy_arms_in_forced_replay(loaded_model) -> None:
     """The policy arms through forced replay on the last two turns of the public
     mini-swe-agent session (under the template that shows earlier reasoning, where
