@@ -35,7 +35,7 @@ async def _stream_all(url: str) -> list:
 
 
 def _memory(url: str) -> dict:
-    return httpx.get(url + "/metrics.json", params={"gc": "1"}, timeout=60).json()["engine"]["memory"]
+    return httpx.get(url + "/metrics.json", params={"gc": "1"}, timeout=SLOW).json()["engine"]["memory"]
 
 
 def _wait_idle(url: str, seconds: float = SLOW) -> dict:
@@ -108,7 +108,7 @@ def test_memory_audit_counts_a_row_that_is_still_running(engine):
                 task = asyncio.ensure_future(stream_request(
                     client, url, "chat", request_body("chat", "s", "Count to fifty.", 40, temperature=0.8), timeout=SLOW))
                 while True:
-                    m = (await client.get(url + "/metrics.json", timeout=30)).json()["engine"]["memory"]
+                    m = (await client.get(url + "/metrics.json", timeout=SLOW)).json()["engine"]["memory"]
                     if m["rows_running"] or task.done():
                         break
                     await asyncio.sleep(0.02)
