@@ -203,7 +203,9 @@ def test_fit_is_on_for_the_embedded_model_only(tmp_path: Path) -> None:
 @pytest.mark.slow  # a ~6k-token prefill on CPU: minutes on a shared 2-core machine
 def test_claude_code_request_answered_on_the_default_server(tmp_path: Path) -> None:
     """The captured Claude Code request (~20k tokens) gets a 200 answer from the default
-    server through the Anthropic SDK; its usage says what fit did."""
+    server through the Anthropic SDK, not streamed and streamed (as Claude Code sends
+    it: the stream carries every event through message_stop); its usage says what fit
+    did."""
     anthropic = pytest.importorskip("anthropic")
     body = claude_code_body()
     proc, port = _start([], tmp_path)
@@ -221,7 +223,23 @@ def test_claude_code_request_answered_on_the_default_server(tmp_path: Path) -> N
         fit = next(i for i in usage["fill"]["policies"]["interventions"] if i["policy"] == "fit")
         assert fit["fitted"] and fit["tokens_before"] > 8192 and fit["tokens_after"] <= fit["limit"]
         assert usage["input_tokens"] + usage["cache_read_input_tokens"] == fit["tokens_after"]
+        assert answer.role == "assistant" and answer.stop_reason in ("end_turn", "max_tokens", "tool_use"), answer
         print(f"\nClaude Code request on the default server: {fit['tokens_before']} -> {fit['tokens_after']} "
               f"prompt tokens by {fit['steps']}, answered in {elapsed:.1f}s")
+        # streamed, as Claude Code sends it (the same session: fit cuts the same way, the
+        # prompt comes from the prefix cache)
+        assert body.get("stream") is True
+        with client.messages.stream(model=body["model"], messages=body["messages"], system=body["system"],
+                                    tools=body["tools"], max_tokens=4, metadata=body.get("metadata"),
+                                    extra_body=extra) as stream:
+            events = [event.type for event in stream]
+            streamed = stream.get_final_message()
+        assert events[0] == "message_start" and events[-1] == "message_stop", events
+        assert "message_delta" in events, events
+        assert streamed.role == "assistant" and streamed.stop_reason in ("end_turn", "max_tokens", "tool_use")
+        assert streamed.content, streamed
+        usage = streamed.model_dump()["usage"]
+        assert usage["output_tokens"] >= 1
+        assert usage["input_tokens"] + (usage.get("cache_read_input_tokens") or 0) == fit["tokens_after"], usage
     finally:
         interrupt(proc, timeout=30)
