@@ -22,6 +22,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import xgrammar as xg
+
 from .types import EngineError
 
 SEPARATORS = (", ", ": ")
@@ -125,8 +127,6 @@ def _compact_json(node: Any, strict: bool) -> Any:
     if not isinstance(node, dict):
         return node
     if node.get("type") == "json_schema" and node.get("style", "json") == "json":
-        import xgrammar as xg
-
         grammar = xg.Grammar.from_json_schema(json.dumps(node["json_schema"]), any_whitespace=False,
                                               separators=SEPARATORS, strict_mode=strict)
         return {"type": "grammar", "grammar": str(grammar)}
@@ -146,8 +146,6 @@ def structural_tag(family: ToolFamily, tools: Sequence[dict], name: str | None =
     if family.xgrammar is None:
         tag = _mistral_tag(chosen)
     else:
-        import xgrammar as xg
-
         try:
             tag = xg.get_model_structural_tag(family.xgrammar, tools=chosen, tool_choice="required",
                                               reasoning="disabled").model_dump(exclude_none=True, mode="json")

@@ -257,11 +257,11 @@ def test_required_answers_in_the_family_format_over_http(default_folder, tmp_pat
     answers = []
     try:
         with serve(engine, hooks=[recorder]) as url:
-            client = OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=600)
+            client = OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=1800)
             user = [{"role": "user", "content": "What is the weather in Paris? And what is 2 + 3?"}]
             for n, extra in [(1, {"parallel_tool_calls": False}), (2, {"extra_body": {"jumpahead": {"tool_calls": 2}}})]:
                 out = client.chat.completions.create(model="m", messages=user, tools=TOOLS, tool_choice="required",
-                                                     temperature=0, max_tokens=96, **extra)
+                                                     temperature=0, max_tokens=256, **extra)
                 answers.append((n, out.choices[0]))
     finally:
         recorder.close()
