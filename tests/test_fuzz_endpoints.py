@@ -34,7 +34,7 @@ from jumpahead.proxy.body_limit import MAX_JSON_DEPTH  # deeper bodies are refus
 from .serving import serve
 
 FUZZ_EXAMPLES = 12  # per generation endpoint; a generating case costs one model forward or two
-SLOW_EXAMPLES = 150
+SLOW_EXAMPLES = 100
 PROBE_EVERY = 8  # a valid request after every 8th case and after each test (the server still serves)
 TIMEOUT_S = 180.0  # one request; the machine is shared, the model small (a hang would be minutes)
 BODY_LIMIT = 2 << 20
@@ -368,6 +368,7 @@ def _probe_after(request):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # 100 cases, many of them generating: minutes on a loaded machine
 @pytest.mark.parametrize("path", sorted(ENDPOINTS))
 @_fuzz_settings(SLOW_EXAMPLES)
 @given(data=st.data())
