@@ -106,7 +106,7 @@ def fit(session: Session, index: int, window: Window, tokenizer: Any) -> tuple[A
     # first guess from the estimates, then step forward until the rendering fits
     pick = 0
     for k, j in enumerate(candidates):
-        if base + sum(est[k] for k in where if k >= j) <= target:
+        if base + sum(est[m] for m in where if m >= j) <= target:
             pick = k
             break
     else:
