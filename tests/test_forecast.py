@@ -115,14 +115,15 @@ def test_the_row_forecast_last_verifies_in_a_shared_batch(engine) -> None:
     tok = engine.tokenizer
     copy = _chat(tok, f"Here is config.yaml:\n```yaml\n{CONFIG}```\nSet the port to 9090. Show the whole updated file.")
     plain = _chat(tok, "Write a long essay about the history of the printing press.")
-    n = 32
 
     def run(methods: list[str], copy_lengths: list[int], plain_lengths: list[int]) -> list[dict[str, Any]]:
-        # the plain row is submitted first: the copy row joins it and never decodes alone
-        # (a row alone always verifies)
+        # The plain row is submitted first and has the larger budget: the copy row joins
+        # it and never decodes alone (a row alone always verifies), and under long
+        # plain lengths the plain row's forecast (its budget left) stays above the copy
+        # row's whatever either has written.
         plain_row, copy_row = _batch(engine, [
-            GenerationRequest(prompt=plain, max_tokens=n, methods=methods, recent_lengths=plain_lengths),
-            GenerationRequest(prompt=copy, max_tokens=n, methods=methods, recent_lengths=copy_lengths),
+            GenerationRequest(prompt=plain, max_tokens=48, methods=methods, recent_lengths=plain_lengths),
+            GenerationRequest(prompt=copy, max_tokens=32, methods=methods, recent_lengths=copy_lengths),
         ])
         return [copy_row, plain_row]
 
