@@ -154,8 +154,8 @@ def strict_fill_fields(tokenizer: Any, turn: Turn, tools: list | None, in_reason
     """GenerationRequest.grammar and .tools for strict fill (engine/strict.py).
 
     tool_choice required / a named function constrains the answer to tool calls in the
-    format of the template's family (engine/tool_formats.py): one call for a named
-    function or `parallel_tool_calls: false`, else one or more, exactly
+    format of the template's family (engine/tool_formats.py): one call, one or more
+    with `parallel_tool_calls: true` (not for a named function), exactly
     `jumpahead.tool_calls` where given. A JSON response format constrains it to JSON.
     Neither applies when the answer continues an assistant prefix or starts inside
     reasoning (the grammar would cover the wrong text).
@@ -168,7 +168,9 @@ def strict_fill_fields(tokenizer: Any, turn: Turn, tools: list | None, in_reason
     family = detect_family(tokenizer) if tool_dicts and mode in ("required", "function") else None
     if family is not None:
         grammar = {"type": "tool_calls", "family": family.name, "tools": tool_dicts,
-                   "parallel": turn.extra.get("parallel_tool_calls") is not False}
+                   # one call unless the client asks for more: a weak model allowed "one or
+                   # more" keeps adding calls (OpenAI's default is true; agents use auto)
+                   "parallel": turn.extra.get("parallel_tool_calls") is True}
         if mode == "function" and turn.tool_choice.name:
             grammar["name"] = turn.tool_choice.name
         count = _call_count(turn)

@@ -284,7 +284,7 @@ def test_proxy_maps_tool_choice_and_response_format(engine, pi_tools):
                 max_tokens=40)
     prepared = prepare_turn(engine, turn)
     assert prepared.request.grammar == {"type": "tool_calls", "family": "hermes", "tools": [t.as_openai() for t in tools],
-                                        "parallel": True, "name": "bash"}
+                                        "parallel": False, "name": "bash"}
     assert prepared.request.tools
     out = asyncio.run(complete_turn(engine, prepared))
     assert out.finish_reason == "tool_calls" and out.tool_calls[0].name == "bash", out

@@ -303,10 +303,12 @@ def test_tool_choice_maps_to_the_family_grammar(tokenizers):
     for family, tok in tokenizers.items():
         turn = _turn()
         grammar, _ = strict_fill_fields(tok, turn, turn.tools, False)
-        assert (grammar["type"], grammar["family"], grammar["parallel"]) == ("tool_calls", family, True)
+        assert (grammar["type"], grammar["family"], grammar["parallel"]) == ("tool_calls", family, False)
         assert "count" not in grammar and "name" not in grammar
     tok = tokenizers["kimi"]
-    turn = _turn(choice=ToolChoice("function", "add"), extra={"parallel_tool_calls": False, "jumpahead": {"tool_calls": 3}})
+    turn = _turn(extra={"parallel_tool_calls": True})
+    assert strict_fill_fields(tok, turn, turn.tools, False)[0]["parallel"] is True
+    turn = _turn(choice=ToolChoice("function", "add"), extra={"jumpahead": {"tool_calls": 3}})
     grammar, _ = strict_fill_fields(tok, turn, turn.tools, False)
     assert (grammar["name"], grammar["parallel"], grammar["count"]) == ("add", False, 3)
     turn = _turn(choice=ToolChoice("auto"))
