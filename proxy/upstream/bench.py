@@ -227,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         result["upstreams"] = ups
         with _front(ups[:1], tokenizer, "affinity") as front:
             result["latency"] = latency(ups[0], front, args.repeats, args.max_tokens)
+        print(json.dumps({"latency": result["latency"]}), file=sys.stderr)  # a partial result, in case
         if not args.skip_affinity:
             result["prefix_cache"] = affinity(ups[:2], tokenizer, args.sessions, args.turns)
     text = json.dumps(result, indent=2)
