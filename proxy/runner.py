@@ -23,7 +23,7 @@ from .exchange import Exchange
 from .output_parser import OutputParser
 from .prompt import continues_final_message, prompt_opens_reasoning, render_prompt
 from .script import Script, ScriptedProposer, fit_prompt, render_turn, turn_tokens
-from .turn import OutputEvent, Turn, TurnEnd, TurnFinish, TurnOutput, Usage
+from .turn import OutputEvent, ToolCallArgs, ToolCallStart, Turn, TurnEnd, TurnFinish, TurnOutput, Usage
 from .turn_lengths import recent_turn_lengths
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,9 @@ class PreparedTurn:
     output_sources: list[Any] = field(default_factory=list)
     timings: Any = None  # the engine's Timings of the row (last chunk)
     chunk_times: list[tuple[float, int]] = field(default_factory=list)  # (perf_counter, tokens) per chunk
+    # A continued assistant prefix that opened a tool call: its start and argument
+    # deltas, sent first so a streamed call is whole (the prefix's text is not resent).
+    prefix_events: list[OutputEvent] = field(default_factory=list)
     cached_tokens: int = 0  # prompt tokens the engine took from the prefix cache (known from the first chunk)
 
 
@@ -115,14 +118,16 @@ def _prepare(engine: Any, turn: Turn, script: Script | None) -> PreparedTurn:
     tools = turn.tools if turn.tools_enabled else None
     in_reasoning = prompt_opens_reasoning(tokenizer, prompt)
     parser = OutputParser.for_tokenizer(tokenizer, tools, in_reasoning=in_reasoning)
+    prefix_events: list[OutputEvent] = []
     if continues_final_message(turn):
         # The output continues the last assistant message: parse it as if generated
-        # (a tool call it opens completes in the output), but do not send it again.
-        parser.feed(turn.messages[-1].content or "")
+        # (a tool call it opens completes in the output), but do not send its text again.
+        prefix_events = [e for e in parser.feed(turn.messages[-1].content or "")
+                         if isinstance(e, (ToolCallStart, ToolCallArgs))]
     if script is None:
         request.grammar, request.tools = strict_fill_fields(tokenizer, turn, tools, in_reasoning)
         _validate(engine, request)
-        return PreparedTurn(turn, request, parser)
+        return PreparedTurn(turn, request, parser, prefix_events=prefix_events)
     with script.claim() as (index, scripted):
         tokens = turn_tokens(tokenizer, render_turn(tokenizer, scripted, in_reasoning=in_reasoning, tools=tools))
         room = engine.context_length - len(tokens) - 2
@@ -133,7 +138,7 @@ def _prepare(engine: Any, turn: Turn, script: Script | None) -> PreparedTurn:
         proposer = ScriptedProposer(tokens)
         request.proposers = [proposer]
         _validate(engine, request)
-    return PreparedTurn(turn, request, parser, proposer, index)
+    return PreparedTurn(turn, request, parser, proposer, index, prefix_events=prefix_events)
 
 
 def _format_grammar(fmt: Any) -> dict | None:
@@ -238,6 +243,9 @@ async def stream_turn(engine: Any, prepared: PreparedTurn, stats: Counter[str] |
     reason: str | None = None
     error: str | None = None
     tail: list[int] = []
+    for event in prepared.prefix_events:
+        collected.add(event)
+        yield event
     try:
         async with contextlib.aclosing(engine.stream(prepared.request)) as chunks:
             async for chunk in chunks:

@@ -154,7 +154,9 @@ def test_tool_call_streamed_as_deltas(base_url):
     calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
     assert calls[0]["index"] == 0 and calls[0]["type"] == "function" and calls[0]["id"].startswith("call_")
     assert calls[0]["function"] == {"name": "bash", "arguments": ""}
-    assert calls[1] == {"index": 0, "function": {"arguments": '{"command":"ls"}'}}
+    # the arguments follow as deltas (the continued prefix's part first) adding up to the call's
+    assert all(c["index"] == 0 and set(c) == {"index", "function"} for c in calls[1:])
+    assert "".join(c["function"]["arguments"] for c in calls) == '{"command":"ls"}'
     assert not any(d.get("content") for d in deltas)
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
