@@ -495,7 +495,7 @@ def test_jump_through_the_http_server_and_the_openai_sdk(jump_engine):
             tools=[WRITE.as_openai()], extra_body={"jumpahead": {"policies": ["jump"]}})
     message = answer.choices[0].message
     # The call is whole either way; after it the 135M model may write a few tokens of its
-    # own instead of EOS within the 4-token allowance (greedy, it writes "```\n</" on this
+    # own instead of EOS within the 4-token allowance (greedy, it writes "```\n</" here),
     # so the turn can end on the budget.
     assert answer.choices[0].finish_reason in ("tool_calls", "length"), (message, answer.usage)
     assert "<tool_call>" not in (message.content or "") and "write" not in (message.content or "")
