@@ -241,6 +241,7 @@ def test_bad_family_or_count_is_an_engine_error(tokenizers):
 # --- through the real server ----------------------------------------------------------------
 
 
+@pytest.mark.slow  # ~6 min for the 8 families on 2 quiet cores (a model load and two answers each)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_required_answers_in_the_family_format_over_http(default_folder, tmp_path, family):
     from openai import OpenAI
