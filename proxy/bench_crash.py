@@ -287,7 +287,8 @@ def run_trace(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             server.kill()
         row["mid_write"] = bool(set(_unterminated(directory)) - torn_before)
         if args.tear_every and (i + 1) % args.tear_every == 0:
-            files = sorted(directory.glob("*.jsonl"))
+            # a file whose last line is already torn would merge two tears into one line
+            files = [f for f in sorted(directory.glob("*.jsonl")) if f.read_bytes().endswith(b"\n")]
             if files:
                 with rng.choice(files).open("ab") as fh:  # half a line, as a kill inside write() leaves
                     fh.write(b'{"type": "turn", "index": 99999, "response": {"content": "half a tu')
