@@ -16,7 +16,7 @@ from collections.abc import Sequence
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("jumpahead.proxy.serve", "run the model server (OpenAI-compatible API)"),
-    "bench": ("jumpahead.proxy.bench", "run a benchmark and print JSON (decode, fill, cache, attention)"),
+    "bench": ("jumpahead.bench.command", "run a benchmark and print JSON (decode, fill, cache, attention)"),
     "report": ("jumpahead.traces.report", "build an HTML report from replay/analysis JSON"),
     "traces": ("jumpahead.traces.command", "import and analyse agent sessions"),
     "replay": ("jumpahead.traces.replay_command",

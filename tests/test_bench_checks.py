@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jumpahead.engine.bench_output import emit, mismatches
+from jumpahead.bench.output import emit, mismatches
 
 from .conftest import shared_path
 
@@ -42,7 +42,7 @@ def test_emit_fails_loudly_on_a_difference(tmp_path: Path, capsys: pytest.Captur
 def test_bench_cache_ssd_arm_is_a_new_process(tmp_path: Path) -> None:
     shared_path("traces", "public", "mini-swe-agent")
     out = tmp_path / "cache.json"
-    run = subprocess.run([sys.executable, "-m", "jumpahead.engine.bench_cache", "--context", "2100", "--gen", "4",
+    run = subprocess.run([sys.executable, "-m", "jumpahead.bench.cache", "--context", "2100", "--gen", "4",
                           "--out", str(out)], capture_output=True, text=True, timeout=3000,
                          env={**os.environ, "JUMPAHEAD_HOME": str(tmp_path / "home")})
     assert run.returncode == 0, run.stderr[-3000:]

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from jumpahead.proxy.load_clients import PROTOCOLS, filler, percentiles, request_body, stream_request, vanish
+from jumpahead.bench.clients import PROTOCOLS, filler, percentiles, request_body, stream_request, vanish
 from jumpahead.traces.trace_file import read_trace
 from tests.serving import serve
 

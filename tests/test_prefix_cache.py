@@ -499,11 +499,11 @@ def test_companion_state_is_checkpointed_and_restored(tmp_path):
     again.close()
 
 
-# --- the bench's inputs (fast; the bench itself is `python -m jumpahead.engine.bench_cache`) --
+# --- the bench's inputs (fast; the bench itself is `python -m jumpahead.bench.cache`) --
 
 
 def test_bench_session_and_billing_header_measure(loaded_model):
-    from jumpahead.engine import bench_cache
+    from jumpahead.bench import cache as bench_cache
     from tests.conftest import shared_path
 
     _, tokenizer, _ = loaded_model

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
 
     import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
-    from jumpahead.engine.bench_output import emit
+    from jumpahead.bench.output import emit
     from jumpahead.engine.loader import load_model
 
     from .progress import Progress

@@ -8,6 +8,7 @@ protocol adapters, output parser, policies and recorder run unchanged:
   model's own output format (reasoning, `<tool_call>` blocks) for the proxy's parser;
 - replicas.py: the replica set: consistent-hash session affinity, health, load, errors;
 - engine.py: the pooled httpx client, streaming, cancellation, error mapping, and jumps
-  applied as continuation requests (`continue_final_message`);
-- bench.py: `jumpahead bench proxy`.
+  applied as continuation requests (`continue_final_message`).
+
+Its benchmark, `jumpahead bench proxy`, is bench/proxy.py.
 """

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from .load_clients import PROTOCOLS, Vanished, filler, request_body, stream_request, vanish
+from .clients import PROTOCOLS, Vanished, filler, request_body, stream_request, vanish
 from .server_process import ServerProcess, ServeError, exit_on_sigterm
 
 PROBE = ("You are a careful assistant.", "Name three prime numbers and say why they are prime.")

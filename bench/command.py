@@ -10,16 +10,16 @@ import sys
 
 # kind -> (module with main(argv) -> int, help)
 KINDS: dict[str, tuple[str, str]] = {
-    "decode": ("jumpahead.engine.bench_decode", "decode tokens/s vs mlx-lm stream_generate and BatchGenerator"),
-    "fill": ("jumpahead.engine.bench_fill", "strict fill, echo and mixed batches vs ordinary decoding"),
-    "cache": ("jumpahead.engine.bench_cache", "time to first token: cold vs RAM hit vs SSD hit"),
-    "proxy": ("jumpahead.proxy.upstream.bench", "upstream mode: added latency vs the upstream direct; "
+    "decode": ("jumpahead.bench.decode", "decode tokens/s vs mlx-lm stream_generate and BatchGenerator"),
+    "fill": ("jumpahead.bench.fill", "strict fill, echo and mixed batches vs ordinary decoding"),
+    "cache": ("jumpahead.bench.cache", "time to first token: cold vs RAM hit vs SSD hit"),
+    "proxy": ("jumpahead.bench.proxy", "upstream mode: added latency vs the upstream direct; "
               "prefix-cache hits with affinity vs round-robin"),
-    "attention": ("jumpahead.engine.bench_attention", "prefill/decode by context: numpy-softmax attention vs MLX's kernel"),
-    "forecast": ("jumpahead.traces.bench_forecast", "who finishes last: forecast vs remaining max_tokens on replayed real turns"),
-    "load": ("jumpahead.proxy.bench_load", "N concurrent streaming clients, mixed protocols: errors, latency, RSS"),
-    "disconnect": ("jumpahead.proxy.bench_disconnect", "clients vanishing mid-prefill and mid-stream: rows, memory, next request"),
-    "crash": ("jumpahead.proxy.bench_crash", "SIGKILL during SSD cache and trace writes: restart, outputs, traces"),
+    "attention": ("jumpahead.bench.attention", "prefill/decode by context: numpy-softmax attention vs MLX's kernel"),
+    "forecast": ("jumpahead.bench.forecast", "who finishes last: forecast vs remaining max_tokens on replayed real turns"),
+    "load": ("jumpahead.bench.load", "N concurrent streaming clients, mixed protocols: errors, latency, RSS"),
+    "disconnect": ("jumpahead.bench.disconnect", "clients vanishing mid-prefill and mid-stream: rows, memory, next request"),
+    "crash": ("jumpahead.bench.crash", "SIGKILL during SSD cache and trace writes: restart, outputs, traces"),
 }
 
 

@@ -26,7 +26,7 @@ the CPU clock is less disturbed by other processes).
    the ragged forward when one of the 4 rows carries the proposal; and a proposer
    that never proposes (the general round's cost over plain decoding).
 
-`python -m jumpahead.engine.bench_echo [--tokens N] [--repeats R] [--only mixed] [--out F]`.
+`python -m jumpahead.bench.echo [--tokens N] [--repeats R] [--only mixed] [--out F]`.
 """
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ import statistics
 import time
 from typing import Any, Sequence
 
+import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 
-from .engine import Engine, EngineConfig
-from .methods import SERVER_DEFAULT, parse_methods
-from .types import GenerationRequest
+from jumpahead.engine.engine import Engine, EngineConfig
+from jumpahead.engine.methods import SERVER_DEFAULT, parse_methods
+from jumpahead.engine.types import GenerationRequest
 
 PY_FILE = '''import json
 import os
@@ -347,9 +348,9 @@ def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3, only:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from .bench_output import emit
+    from .output import emit
 
-    p = argparse.ArgumentParser(prog="python -m jumpahead.engine.bench_echo", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m jumpahead.bench.echo", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None)
     p.add_argument("--tokens", type=int, default=96)
     p.add_argument("--repeats", type=int, default=3)

@@ -86,8 +86,8 @@ def _front(urls: list[str], tokenizer: Any, routing: str) -> Iterator[str]:
 
     from jumpahead.policies.runtime import PolicyHooks
 
-    from ..server import create_app
-    from .engine import UpstreamConfig, UpstreamEngine, UpstreamHooks
+    from jumpahead.proxy.server import create_app
+    from jumpahead.proxy.upstream.engine import UpstreamConfig, UpstreamEngine, UpstreamHooks
 
     engine = UpstreamEngine(UpstreamConfig(urls=urls, routing=routing), tokenizer)
     engine.probe()

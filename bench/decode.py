@@ -7,7 +7,7 @@ the window after every row has its first token, so prefill does not blur it.
 
 With `--contexts 2048,4096,8000`: prefill tokens/s and decode ms/token at agent
 context lengths, vs mlx-lm `stream_generate` with its own prompt cache
-(engine/bench_context.py).
+(bench/context.py).
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ import statistics
 import time
 from typing import Any
 
+import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 from mlx_lm import stream_generate
 from mlx_lm.generate import BatchGenerator
 
-from .engine import Engine, EngineConfig
-from .types import GenerationRequest
+from jumpahead.engine.engine import Engine, EngineConfig
+from jumpahead.engine.types import GenerationRequest
 
 TOPICS = [
     "the history of the printing press",
@@ -133,11 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=4, help="rows in the batched arm (default 4)")
     ap.add_argument("--contexts", default=None, metavar="LIST",
                     help="instead: prefill tokens/s and decode ms/token at these prompt lengths, e.g. "
-                         "2048,4096,8000, vs mlx-lm stream_generate (engine/bench_context.py; --tokens "
+                         "2048,4096,8000, vs mlx-lm stream_generate (bench/context.py; --tokens "
                          "defaults to 32 and --repeats to 1 there)")
     ap.add_argument("--out", default=None, help="also write the JSON result to this file")
     args = ap.parse_args(argv)
-    from .bench_output import emit
+    from .output import emit
 
     if args.contexts is None:
         return emit(run(args.model, args.tokens or 64, args.repeats or 3, args.batch), args.out)
@@ -147,11 +148,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--contexts must be comma-separated integers, got {args.contexts!r}")
     if not contexts or min(contexts) < 1:
         ap.error("--contexts needs at least one positive length")
-    from . import bench_context
+    from . import context
 
     try:
-        result = bench_context.run(args.model, contexts, args.tokens or 32, args.repeats or 1,
-                                   progress=lambda s: print(s, file=sys.stderr, flush=True))
+        result = context.run(args.model, contexts, args.tokens or 32, args.repeats or 1,
+                             progress=lambda s: print(s, file=sys.stderr, flush=True))
     except ValueError as exc:
         print(f"jumpahead bench decode: {exc}", file=sys.stderr)
         return 2

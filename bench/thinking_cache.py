@@ -9,7 +9,7 @@ departs from the cached one where the earlier answer began.
 
 `session(url, turns, signed=...)` runs the session with the official anthropic SDK
 against a server in script mode and returns the cached and total prompt tokens per
-turn. `python -m jumpahead.proxy.bench_thinking_cache` runs both arms on the default
+turn. `python -m jumpahead.bench.thinking_cache` runs both arms on the default
 model (its template given reasoning, in a temporary folder) and prints a table.
 """
 
@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .script import ScriptedCall, ScriptTurn
+from jumpahead.proxy.script import ScriptedCall, ScriptTurn
 
 TOOL = {"name": "read", "description": "Read a file",
         "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
@@ -101,7 +101,7 @@ def serve_thread(engine: Any, **app_kwargs: Any) -> Iterator[str]:
 
     import uvicorn
 
-    from .server import create_app
+    from jumpahead.proxy.server import create_app
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     from jumpahead.engine.engine import Engine, EngineConfig
     from jumpahead.engine.loader import load_model
 
-    from .script import Script
+    from jumpahead.proxy.script import Script
 
     model, _, info = load_model(None, progress=lambda s: print(s, file=sys.stderr))
     tmp = Path(tempfile.mkdtemp(prefix="jumpahead-thinking-"))

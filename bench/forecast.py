@@ -50,7 +50,7 @@ def plan_turns(engine: Any, sessions: list[Any], per_session: int, context: int,
     prompt window, record and the recent lengths of its full history."""
     from jumpahead.proxy.turn_lengths import recent_turn_lengths
 
-    from .replay import ReplayOptions, plan_session
+    from jumpahead.traces.replay import ReplayOptions, plan_session
 
     out = []
     for session in sessions:
@@ -130,8 +130,8 @@ def run(model: str | None = None, batches: int = 3, repeats: int = 2, context: i
     from jumpahead.engine.forecast import from_lengths
     from jumpahead.engine.loader import load_model
 
-    from .formats import load_session
-    from .forcing import ReplayEngine
+    from jumpahead.traces.formats import load_session
+    from jumpahead.traces.forcing import ReplayEngine
 
     paths = [PUBLIC / s for s in SESSIONS if (PUBLIC / s).exists()]
     if not paths:
@@ -212,7 +212,7 @@ def run(model: str | None = None, batches: int = 3, repeats: int = 2, context: i
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from jumpahead.engine.bench_output import emit
+    from .output import emit
 
     p = argparse.ArgumentParser(prog="jumpahead bench forecast", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None)

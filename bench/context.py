@@ -33,7 +33,7 @@ HEAD = 256  # tokens kept from the start of a cut session (the system prompt's b
 
 def session_prompt(tokenizer: Any, context: int, trace: Path | None = None) -> tuple[list[int], str]:
     """A prompt of exactly `context` tokens and where it came from."""
-    from .bench_cache import TRACE, openai_messages, render
+    from .cache import TRACE, openai_messages, render
 
     path = trace or TRACE
     if path.exists():
@@ -47,7 +47,7 @@ def session_prompt(tokenizer: Any, context: int, trace: Path | None = None) -> t
                 break
         source = f"{path.name}, messages[:{k}] ({len(ids)} tokens)"
     else:
-        from .bench_echo import CONFIG, PY_FILE
+        from .echo import CONFIG, PY_FILE
 
         text = "\n\n".join(f"File {i}:\n{PY_FILE if i % 2 else CONFIG}" for i in range(context // 100 + 1))
         ids = render(tokenizer, [{"role": "user", "content": text + "\n\nSummarise these files."}])
@@ -61,7 +61,7 @@ def session_prompt(tokenizer: Any, context: int, trace: Path | None = None) -> t
 
 
 def ours(engine: Any, prompt: list[int], n: int) -> dict[str, Any]:
-    from .types import GenerationRequest
+    from jumpahead.engine.types import GenerationRequest
 
     async def go() -> tuple[tuple[float, float], list[tuple[float, float]], list[int]]:
         t0 = _now()
@@ -120,7 +120,7 @@ def run(
 ) -> dict[str, Any]:
     import mlx.core as mx
 
-    from .engine import Engine, EngineConfig
+    from jumpahead.engine.engine import Engine, EngineConfig
 
     engine = Engine.load(model_name, EngineConfig(prefix_cache=False), progress=lambda s: None)
     model, tok = engine.model, engine.tokenizer

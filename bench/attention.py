@@ -17,10 +17,11 @@ import statistics
 import time
 from typing import Any
 
+import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 
-from . import attention
-from .engine import Engine, EngineConfig
+from jumpahead.engine import attention
+from jumpahead.engine.engine import Engine, EngineConfig
 
 CHUNK = 512  # the scheduler's prefill chunk (SchedulerConfig.prefill_chunk)
 ARMS = ("mlx", "numpy")
@@ -110,7 +111,7 @@ def run(model_name: str | None, contexts: list[int], decode: int, repeats: int) 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from .bench_output import emit
+    from .output import emit
 
     p = argparse.ArgumentParser(prog="jumpahead bench attention", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None)

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from .load_clients import PROTOCOLS, StreamResult, filler, percentiles, request_body, stream_request
+from .clients import PROTOCOLS, StreamResult, filler, percentiles, request_body, stream_request
 from .server_process import ServerProcess, ServeError, exit_on_sigterm, rss_of
 
 # (name, prompt words, max_tokens): short chat turns, a medium read, a long context.

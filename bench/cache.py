@@ -23,7 +23,7 @@ requests in ../shared/fixtures/clients/claude-code/: how many tokens of the rend
 prompt two requests share when only that line differs (= the cached tokens a hit can
 reuse, since a hit is the longest common prefix).
 
-    python -m jumpahead.engine.bench_cache [--context 4096] [--gen 16]
+    python -m jumpahead.bench.cache [--context 4096] [--gen 16]
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def pick_turn(tokenizer: Any, messages: list[dict[str, Any]], context: int) -> i
 
 def timed(engine: Any, prompt: list[int], max_tokens: int) -> dict[str, Any]:
     """Run one request; time to its first chunk, its tokens and cached prompt tokens."""
-    from .types import GenerationRequest
+    from jumpahead.engine.types import GenerationRequest
 
     async def go() -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -142,7 +142,7 @@ def restarted(model: str | None, cache_dir: Path, prompt: list[int], max_tokens:
     request = work / "ssd-child.json"
     request.write_text(json.dumps({"model": model, "cache_dir": str(cache_dir), "prompt": prompt,
                                    "max_tokens": max_tokens}))
-    done = subprocess.run([sys.executable, "-m", "jumpahead.engine.bench_cache", "--ssd-child", str(request)],
+    done = subprocess.run([sys.executable, "-m", "jumpahead.bench.cache", "--ssd-child", str(request)],
                           capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the restarted process failed (exit {done.returncode}): {done.stderr[-2000:]}")
@@ -153,8 +153,8 @@ def ssd_child(request_file: str) -> int:
     """The restarted process of the SSD arm: prints one JSON line."""
     import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
 
-    from .engine import Engine, EngineConfig
-    from .loader import load_model
+    from jumpahead.engine.engine import Engine, EngineConfig
+    from jumpahead.engine.loader import load_model
 
     req = json.loads(Path(request_file).read_text())
     m, tok, info = load_model(req["model"], progress=lambda s: None)
@@ -232,8 +232,8 @@ def run(
 
     import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
 
-    from .engine import Engine, EngineConfig
-    from .loader import load_model
+    from jumpahead.engine.engine import Engine, EngineConfig
+    from jumpahead.engine.loader import load_model
 
     m, tok, info = load_model(model, progress=progress)
     messages = openai_messages(trace_path)
@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.ssd_child:
         return ssd_child(args.ssd_child)
-    from .bench_output import emit
+    from .output import emit
 
     return emit(run(args.model, args.context, args.gen, args.trace, args.work_dir), args.out)
 

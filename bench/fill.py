@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .engine import Engine
-from .methods import SERVER_DEFAULT
-from .types import GenerationRequest
+from jumpahead.engine.engine import Engine
+from jumpahead.engine.methods import SERVER_DEFAULT
+from jumpahead.engine.types import GenerationRequest
 
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "clients"
 
@@ -196,13 +196,14 @@ def run_tool_call_arm(
 
 def main(argv: list[str] | None = None) -> int:
     """`jumpahead bench fill`: the tool-call arm here, then the echo arms
-    (engine/bench_echo.py: copy-heavy, nothing to copy, mixed batch of 4)."""
+    (bench/echo.py: copy-heavy, nothing to copy, mixed batch of 4)."""
     import argparse
 
-    from . import bench_echo
-    from .bench_output import emit
-    from .methods import parse_methods
-    from .engine import EngineConfig
+    from jumpahead.engine.engine import EngineConfig
+    from jumpahead.engine.methods import parse_methods
+
+    from . import echo
+    from .output import emit
 
     parser = argparse.ArgumentParser(prog="jumpahead bench fill", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None)
@@ -228,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             engine.close()
     if not args.skip_echo:
-        out["echo"] = bench_echo.run(args.model, args.max_tokens, args.repeats, methods=methods)
+        out["echo"] = echo.run(args.model, args.max_tokens, args.repeats, methods=methods)
     return emit(out, args.out)
 
 
