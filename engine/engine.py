@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator, Callable
 import mlx.core as mx
 
 from .blas import blas_info
+from .logprobs import MAX_TOP_LOGPROBS
 from .methods import describe as describe_methods
 from .memory import RowRegistry, engine_memory
 from .model_runner import ModelRunner
@@ -162,6 +163,8 @@ class Engine:
                 raise EngineError("method 'draft' needs a draft model (serve --draft-model)")
         if req.max_tokens < 1:
             raise EngineError("max_tokens must be at least 1")
+        if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
+            raise EngineError(f"logprobs must be 0..{MAX_TOP_LOGPROBS} alternatives per token")
         s = req.sampling
         if s.temperature < 0 or not 0 < s.top_p <= 1 or s.top_k < 0 or not 0 <= s.min_p <= 1:
             raise EngineError("invalid sampling parameters (temperature >= 0, 0 < top_p <= 1, top_k >= 0, 0 <= min_p <= 1)")
@@ -196,6 +199,10 @@ class Engine:
 
             found = self.__dict__.setdefault("_strict_fill", StrictFill(self.model, self.tokenizer, self.info, self.runner.trimmable))
         return found
+
+    def token_bytes(self) -> list[bytes]:
+        """Each token id's bytes (special tokens as their text): logprobs' `bytes`."""
+        return self.strict.book.token_bytes
 
     def _proposers(self, req: GenerationRequest) -> list:
         from .echo import EchoProposer, NgramProposer

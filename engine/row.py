@@ -101,12 +101,13 @@ class Row:
         return RowView(self.req.prompt + self.output, len(self.req.prompt), self.max_tokens - len(self.output))
 
     def commit(self, tokens: list[int], kinds: list[TokenKind], accepted: int = 0,
-               sources: list[int | None] | None = None) -> None:
+               sources: list[int | None] | None = None, logprobs: list | None = None) -> None:
         """Append chosen tokens, apply EOS/stop/length, and emit one chunk.
 
         `accepted`: how many leading tokens are verified proposal tokens (already
         counted in stats.accepted by the scheduler). `sources`: per token, the absolute
-        position it was copied from (None: not a copy), for trace provenance."""
+        position it was copied from (None: not a copy), for trace provenance.
+        `logprobs`: per token, its TokenLogprob or None (rows that asked for them)."""
         now = time.perf_counter()
         if self.first_token_at is None:
             self.first_token_at = now
@@ -138,7 +139,8 @@ class Row:
         cut = max(0, accepted - len(taken))
         self.stats.accepted -= cut
         self.stats.rejected += cut
-        self._emit(taken, taken_kinds, sources=None if sources is None else list(sources[: len(taken)]))
+        self._emit(taken, taken_kinds, sources=None if sources is None else list(sources[: len(taken)]),
+                   logprobs=None if logprobs is None else list(logprobs[: len(taken)]))
 
     def finish(self, reason: FinishReason, error: str | None = None) -> None:
         """End the row from outside (cancel, error) and emit the terminal chunk."""
@@ -148,12 +150,12 @@ class Row:
         self._emit([], [], error=error)
 
     def _emit(self, tokens: list[int], kinds: list[TokenKind], error: str | None = None,
-              sources: list[int | None] | None = None) -> None:
+              sources: list[int | None] | None = None, logprobs: list | None = None) -> None:
         final = self.finish_reason is not None
         if final and not self.stop_text.hit:
             self.detokenizer.finalize()  # flush bytes held for an incomplete character
         text = self.stop_text.take(self.detokenizer.text, final=final)
-        chunk = TokenChunk(tokens=tokens, kinds=kinds, text=text, sources=sources)
+        chunk = TokenChunk(tokens=tokens, kinds=kinds, text=text, sources=sources, logprobs=logprobs)
         if final or len(self.output) == len(tokens):  # the first chunk and the last
             chunk.cached_tokens = self.cached_tokens
         if final:

@@ -19,6 +19,7 @@ import mlx.core as mx
 import numpy as np
 
 from .forecast import note_copy, remaining
+from .logprobs import token_logprob
 from .model_runner import ModelRunner
 from .proposal import VERIFIED_KINDS, Proposal
 from .row import Row
@@ -167,10 +168,10 @@ class Scheduler:
             mx.eval(row.prefill_cache.arrays())
             row.timings.prefill_s += time.perf_counter() - t0
             return
-        token, kind = self._pick_first(row, logits[:, 0, :])
+        token, kind, logprob = self._pick_first(row, logits[:, 0, :])
         row.timings.prefill_s += time.perf_counter() - t0
         self.waiting.popleft()
-        row.commit([token], [kind])
+        row.commit([token], [kind], logprobs=None if row.req.logprobs is None else [logprob])
         if self.prefix_cache is not None:  # publish the prompt (after the first token is out)
             self.prefix_cache.on_prompt_done(row)
         if row.finish_reason is None:
@@ -280,7 +281,8 @@ class Scheduler:
         overwritten. Returns False when the rows need the general path."""
         rows = self.running
         if not self.pipeline or not all(
-            not r.proposers and r.constraint is None and not r.sampler.needs_logits for r in rows
+            not r.proposers and r.constraint is None and not r.sampler.needs_logits and r.req.logprobs is None
+            for r in rows
         ):
             self._ahead = None
             return False
@@ -341,12 +343,12 @@ class Scheduler:
         picks = self._choose(rows, props, logits, where)
         counts = []
         done = []
-        for i, (row, prop, (tokens, kinds, consumed, accepted, sources)) in enumerate(zip(rows, props, picks)):
+        for i, (row, prop, (tokens, kinds, consumed, accepted, sources, logprobs)) in enumerate(zip(rows, props, picks)):
             row.timings.rounds += 1
             row.stats.rounds += 1
             row.stats.forwards += 1
             before = len(row.output)
-            row.commit(tokens, kinds, accepted, sources)
+            row.commit(tokens, kinds, accepted, sources, logprobs)
             taken = len(row.output) - before
             if taken < len(tokens):
                 # EOS or a stop string inside the span: the tokens after it never
@@ -373,10 +375,11 @@ class Scheduler:
         props: list[Proposal | None],
         logits: mx.array,
         where: list[tuple[int, int]],
-    ) -> list[tuple[list[int], list[str], int, int, list[int | None] | None]]:
+    ) -> list[tuple[list[int], list[str], int, int, list[int | None] | None, list | None]]:
         """Each row's emitted tokens, their kinds, how many inputs it consumed, how
-        many verified tokens it accepted, and where proposal tokens were copied from
-        (absolute source positions per token; None where not a copy).
+        many verified tokens it accepted, where proposal tokens were copied from
+        (absolute source positions per token; None where not a copy), and, for rows
+        that asked, each token's TokenLogprob (None for asserted tokens: never scored).
 
         logits: [N, V] or None (no row needs any); row b has where[b][1] positions from
         where[b][0]: one per input (position i predicts the token after the row's i-th
@@ -386,7 +389,8 @@ class Scheduler:
         """
         argmax = None if logits is None else mx.argmax(logits, axis=-1)  # [N]
         need = [
-            b for b, r in enumerate(rows) if (r.sampler.needs_logits or r.constraint is not None) and where[b][1]
+            b for b, r in enumerate(rows)
+            if (r.sampler.needs_logits or r.constraint is not None or r.req.logprobs is not None) and where[b][1]
         ]
         host = None
         if need:
@@ -412,23 +416,30 @@ class Scheduler:
             constraint = row.constraint
             base = row.position  # absolute position of the first token chosen this round
             first, count = where[b]
+            top = row.req.logprobs
+            lps: list | None = None if top is None else []  # per emitted token, in order
 
             def pick(i: int) -> int:
                 j = i if count > 1 else 0  # a single position is the row's last
                 if host is None or b not in hosted:
                     tok = table[first + j]
                 else:
-                    x = host[hosted[b] + j]
-                    if constraint is not None:
-                        x = constraint.mask(x)
-                    tok = sampler.pick(x, base + i)
-                    if constraint is not None:
-                        constraint.accept(tok)
+                    raw = x = host[hosted[b] + j]
+                    if not (sampler.needs_logits or constraint is not None):
+                        tok = table[first + j]  # hosted for logprobs only: the device argmax decides
+                    else:
+                        if constraint is not None:
+                            x = constraint.mask(x)
+                        tok = sampler.pick(x, base + i)
+                        if constraint is not None:
+                            constraint.accept(tok)
+                    if lps is not None:
+                        lps.append(token_logprob(raw, tok, top))
                 sampler.observe(tok)
                 return tok
 
             if prop is None:
-                out.append(([pick(0)], ["sampled"], 1, 0, None))
+                out.append(([pick(0)], ["sampled"], 1, 0, None, lps))
                 continue
             k = len(prop.tokens)
             src = None if prop.source is None else [prop.source[0] + i for i in range(k)]
@@ -437,14 +448,16 @@ class Scheduler:
                     sampler.observe(t)
                     if constraint is not None:
                         constraint.accept(t)
+                if lps is not None:
+                    lps.extend([None] * k)  # asserted: appended unscored, no logits exist
                 if prop.cut:
                     # More asserted tokens follow: the last one becomes the pending
                     # input of the next round instead of a sampled token after it.
-                    out.append((list(prop.tokens), [prop.kind] * k, k, 0, src))
+                    out.append((list(prop.tokens), [prop.kind] * k, k, 0, src, lps))
                 else:
                     tokens = prop.tokens + [pick(k)]
                     kinds = [prop.kind] * k + ["sampled"]
-                    out.append((tokens, kinds, 1 + k, 0, None if src is None else [*src, None]))
+                    out.append((tokens, kinds, 1 + k, 0, None if src is None else [*src, None], lps))
                 feedback = k
             else:
                 accepted = 0
@@ -470,7 +483,7 @@ class Scheduler:
                 self.counters["verified_proposed"] += k
                 self.counters["verified_accepted"] += accepted
                 out.append((tokens, kinds, 1 + accepted, accepted,
-                            None if src is None else [*src[:accepted], None]))
+                            None if src is None else [*src[:accepted], None], lps))
                 feedback = accepted
             proposer = prop.proposer
             if proposer is not None:
@@ -491,8 +504,9 @@ class Scheduler:
             acc = row.acceptance[key] = Acceptance(prior_rate=prior_rate(prop.match))
         return acc
 
-    def _pick_first(self, row: Row, logits: mx.array) -> tuple[int, str]:
-        """The first token after the prompt, from logits [1, V], and its kind.
+    def _pick_first(self, row: Row, logits: mx.array) -> tuple[int, str, object]:
+        """The first token after the prompt, from logits [1, V], its kind and its
+        TokenLogprob (None: not asked, or asserted).
 
         A row whose proposer asserts from the very start (script mode, a forced tool
         call) takes that token instead of sampling; verified proposals start next round.
@@ -504,5 +518,6 @@ class Scheduler:
                 row.sampler.observe(tok)
                 if row.constraint is not None:
                     row.constraint.accept(tok)
-                return tok, prop.kind
-        return self._choose([row], [None], logits, [(0, 1)])[0][0][0], "sampled"
+                return tok, prop.kind, None
+        tokens, _, _, _, _, lps = self._choose([row], [None], logits, [(0, 1)])[0]
+        return tokens[0], "sampled", lps[0] if lps else None

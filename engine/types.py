@@ -62,6 +62,9 @@ class GenerationRequest:
     # throughput objective forecasts from them which row the batch waits on last
     # (engine/forecast.py). Empty: unknown (the remaining max_tokens is used).
     recent_lengths: list[int] = field(default_factory=list)
+    # Log probabilities of the emitted tokens (engine/logprobs.py): None = not asked
+    # (no extra work); N = each token's logprob plus its N most likely alternatives.
+    logprobs: int | None = None
 
 
 @dataclass
@@ -97,6 +100,9 @@ class TokenChunk:
     # Per token, the absolute position in the row's sequence it was copied from (echo,
     # ngram, jump with a source); None for the whole chunk when nothing was copied.
     sources: list[int | None] | None = None
+    # Rows that asked for logprobs: per token, its TokenLogprob (engine/logprobs.py),
+    # None for an asserted token the model never scored. None when not asked.
+    logprobs: list | None = None
 
 
 class EngineError(RuntimeError):

@@ -18,6 +18,7 @@ from jumpahead.engine.types import SamplingParams
 
 from .errors import invalid_request
 from .fields import boolean, integer, number, obj
+from .logprobs import top_logprobs
 from .turn import (
     ContentDelta,
     Message,
@@ -235,6 +236,16 @@ def _stop(value: Any) -> list[str]:
     return [s for s in value if s]
 
 
+def _logprobs(body: dict[str, Any]) -> int | None:
+    """`logprobs: true` plus `top_logprobs` (0..20, only with logprobs): how many
+    alternatives per token; None when logprobs are not asked for."""
+    wanted = _boolean(body, "logprobs")
+    top = top_logprobs(body)
+    if top is not None and not wanted:
+        raise invalid_request("top_logprobs requires logprobs to be true", param="top_logprobs")
+    return (top or 0) if wanted else None
+
+
 def _thinking(body: dict[str, Any]) -> bool | None:
     kwargs = body.get("chat_template_kwargs")
     if isinstance(kwargs, dict) and isinstance(kwargs.get("enable_thinking"), bool):
@@ -296,6 +307,7 @@ def parse_chat_request(body: Any, vocab_size: int | None = None) -> Turn:
         thinking=_thinking(body),
         model=model if isinstance(model, str) and model else None,
         extra=extra,
+        logprobs=_logprobs(body),
     )
 
 
@@ -322,6 +334,11 @@ def _tool_call_json(call: ToolCall) -> dict[str, Any]:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
+def _logprobs_json(entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """`choices[].logprobs`: the content tokens' entries (proxy/logprobs.py); null when not asked."""
+    return None if entries is None else {"content": entries, "refusal": None}
+
+
 def chat_completion(out: TurnOutput, *, id: str, model: str, created: int | None = None) -> dict[str, Any]:
     """The non-streaming `chat.completion` object."""
     message: dict[str, Any] = {"role": "assistant", "content": out.content}
@@ -335,7 +352,8 @@ def chat_completion(out: TurnOutput, *, id: str, model: str, created: int | None
         "object": "chat.completion",
         "created": created if created is not None else int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": out.finish_reason}],
+        "choices": [{"index": 0, "message": message, "logprobs": _logprobs_json(out.logprobs),
+                     "finish_reason": out.finish_reason}],
         "usage": _usage(out.usage),
         "system_fingerprint": None,
     }
@@ -350,14 +368,16 @@ class ChatStream:
         self.include_usage = include_usage
         self.created = created if created is not None else int(time.time())
 
-    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None,
+               logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         chunk: dict[str, Any] = {
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
             "system_fingerprint": None,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+            "choices": [{"index": 0, "delta": delta, "logprobs": _logprobs_json(logprobs),
+                         "finish_reason": finish_reason}],
         }
         if self.include_usage:
             chunk["usage"] = None
@@ -377,7 +397,8 @@ class ChatStream:
     def encode(self, event: OutputEvent) -> list[dict[str, Any]]:
         """Chunks for one event. An error TurnEnd becomes an `{"error": ...}` object."""
         if isinstance(event, ContentDelta):
-            return [self._chunk({"content": event.text})] if event.text else []
+            # each chunk carries the logprobs of the tokens its text came from
+            return [self._chunk({"content": event.text}, logprobs=event.logprobs)] if event.text else []
         if isinstance(event, ReasoningDelta):
             return [self._chunk({"reasoning_content": event.text})] if event.text else []
         if isinstance(event, ToolCallStart):

@@ -20,6 +20,7 @@ from jumpahead.engine.types import SamplingParams
 
 from .errors import APIError, invalid_request
 from .fields import boolean, integer, number, obj
+from .logprobs import top_logprobs
 from .openai_chat import content_text
 from .response_store import ResponseStore
 from .signing import Signer, default_signer
@@ -305,6 +306,9 @@ def parse_responses_request(body: Any, store: ResponseStore | None = None,
     if include is not None and (not isinstance(include, list) or not all(isinstance(x, str) for x in include)):
         raise invalid_request("include must be an array of strings", param="include")
     ctx.include_encrypted = "reasoning.encrypted_content" in (include or [])
+    # Logprobs of the output text: asked by include (OpenAI's way) or by top_logprobs alone.
+    top = top_logprobs(body)
+    wants_logprobs = "message.output_text.logprobs" in (include or []) or top is not None
     seed = integer(body, "seed")
     sampling = SamplingParams(
         temperature=number(body, "temperature", 1.0, lo=0.0, hi=2.0),
@@ -326,6 +330,7 @@ def parse_responses_request(body: Any, store: ResponseStore | None = None,
         thinking=_thinking(body.get("reasoning")),
         model=model if isinstance(model, str) and model else None,
         extra=extra,
+        logprobs=(top or 0) if wants_logprobs else None,
     )
     return turn, ctx
 
@@ -352,10 +357,12 @@ def reasoning_item(text: str, ctx: ResponsesContext, id: str | None = None) -> d
     return item
 
 
-def message_item(text: str, id: str | None = None, status: str = "completed") -> dict[str, Any]:
+def message_item(text: str, id: str | None = None, status: str = "completed",
+                 logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`logprobs`: the text's token entries (proxy/logprobs.py); [] when not asked."""
     content = []
     if status == "completed":
-        content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+        content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": list(logprobs or [])}]
     return {"type": "message", "id": id or new_id("msg"), "status": status, "role": "assistant", "content": content}
 
 
@@ -382,7 +389,7 @@ def output_items(out: TurnOutput, ctx: ResponsesContext) -> list[dict[str, Any]]
     if out.reasoning:
         items.append(reasoning_item(out.reasoning, ctx))
     if out.content:
-        items.append(message_item(out.content))
+        items.append(message_item(out.content, logprobs=out.logprobs))
     items.extend(call_item(call, ctx) for call in out.tool_calls)
     return items
 

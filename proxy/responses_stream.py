@@ -46,6 +46,7 @@ class ResponsesStream:
         self.items: list[dict[str, Any]] = []  # finished output items
         self.open: dict[str, Any] | None = None  # the item being streamed
         self.text = ""  # text of the open item
+        self.logprobs: list[dict[str, Any]] = []  # logprob entries of the open message's text (when asked)
         self.out = TurnOutput()  # the whole answer, for the store
         self.done = False
         self.call: dict[str, Any] | None = None  # the streamed call's added item
@@ -72,7 +73,7 @@ class ResponsesStream:
 
     def _open(self, item: dict[str, Any]) -> list[bytes]:
         frames = self._close()
-        self.open, self.text = item, ""
+        self.open, self.text, self.logprobs = item, "", []
         frames.append(self._event("response.output_item.added", output_index=self._index, item=item))
         if item["type"] == "reasoning":
             frames.append(self._event("response.reasoning_summary_part.added", item_id=item["id"],
@@ -84,7 +85,7 @@ class ResponsesStream:
         return frames
 
     def _close(self) -> list[bytes]:
-        item, text, index = self.open, self.text, self._index
+        item, text, index, logprobs = self.open, self.text, self._index, self.logprobs
         if item is None:
             return []
         self.open = None
@@ -99,14 +100,14 @@ class ResponsesStream:
             ]
             done = reasoning_item(text, self.ctx, id=item["id"])
         else:
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
             frames += [
                 self._event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
-                            text=text, logprobs=[]),
+                            text=text, logprobs=logprobs),
                 self._event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
                             part=part),
             ]
-            done = message_item(text, id=item["id"])
+            done = message_item(text, id=item["id"], logprobs=logprobs)
         frames.append(self._event("response.output_item.done", output_index=index, item=done))
         self.items.append(done)
         return frames
@@ -123,8 +124,10 @@ class ResponsesStream:
             frames = [] if self.open and self.open["type"] == "message" else self._open(
                 message_item("", status="in_progress"))
             self.text += event.text
+            self.logprobs += event.logprobs or []
             return frames + [self._event("response.output_text.delta", item_id=self.open["id"],
-                                         output_index=self._index, content_index=0, delta=event.text, logprobs=[])]
+                                         output_index=self._index, content_index=0, delta=event.text,
+                                         logprobs=event.logprobs or [])]
         if isinstance(event, ToolCallStart):
             frames = self._close()
             self.call, self.call_args, self.call_sent = call_item(event.call, self.ctx, done=False), "", ""

@@ -20,6 +20,7 @@ from jumpahead.engine.types import EngineError, GenerationRequest
 
 from .errors import invalid_request
 from .exchange import Exchange
+from .logprobs import ContentLogprobs, TokenText
 from .output_parser import OutputParser
 from .prompt import continues_final_message, prompt_opens_reasoning, render_prompt
 from .script import Script, ScriptedProposer, fit_prompt, render_turn, turn_tokens
@@ -52,6 +53,9 @@ class PreparedTurn:
     # deltas, sent first so a streamed call is whole (the prefix's text is not resent).
     prefix_events: list[OutputEvent] = field(default_factory=list)
     cached_tokens: int = 0  # prompt tokens the engine took from the prefix cache (known from the first chunk)
+    # Asked for logprobs: attributes them to content (made while preparing, off the event
+    # loop: the first use builds the tokenizer's byte table).
+    content_logprobs: ContentLogprobs | None = None
 
 
 def _validate(engine: Any, request: GenerationRequest) -> None:
@@ -99,6 +103,7 @@ def prepare_turn(engine: Any, turn: Turn, script: Script | None = None, exchange
     prepared = _prepare(engine, turn, script)
     prepared.exchange = exchange
     prepared.hooks = hooks
+    prepared.content_logprobs = _content_logprobs(engine, prepared.request)
     # The model's recent answers in this session, as the client resent them: the
     # throughput objective forecasts who finishes last from them (engine/forecast.py).
     prepared.request.recent_lengths = recent_turn_lengths(engine.tokenizer, client_turn)
@@ -114,7 +119,7 @@ def _prepare(engine: Any, turn: Turn, script: Script | None) -> PreparedTurn:
     prompt = render_prompt(tokenizer, turn)
     max_tokens = turn.max_tokens if turn.max_tokens is not None else engine.context_length
     request = GenerationRequest(prompt=prompt, sampling=turn.sampling, max_tokens=max_tokens, stop=list(turn.stop),
-                                methods=request_methods(turn))
+                                methods=request_methods(turn), logprobs=turn.logprobs)
     tools = turn.tools if turn.tools_enabled else None
     in_reasoning = prompt_opens_reasoning(tokenizer, prompt)
     parser = OutputParser.for_tokenizer(tokenizer, tools, in_reasoning=in_reasoning)
@@ -243,6 +248,7 @@ async def stream_turn(engine: Any, prepared: PreparedTurn, stats: Counter[str] |
     reason: str | None = None
     error: str | None = None
     tail: list[int] = []
+    aligner = prepared.content_logprobs or _content_logprobs(engine, prepared.request)
     for event in prepared.prefix_events:
         collected.add(event)
         yield event
@@ -259,8 +265,12 @@ async def stream_turn(engine: Any, prepared: PreparedTurn, stats: Counter[str] |
                     prepared.timings = chunk.timings
                 if chunk.cached_tokens:
                     prepared.cached_tokens = int(chunk.cached_tokens)
-                if chunk.text:
-                    for event in parser.feed(chunk.text):
+                if chunk.text or aligner is not None:
+                    before = parser.state
+                    events = parser.feed(chunk.text) if chunk.text else []
+                    if aligner is not None:
+                        aligner.chunk(chunk.tokens, getattr(chunk, "logprobs", None), before, parser.state, events)
+                    for event in events:
                         collected.add(event)
                         yield event
                 if chunk.finish_reason is not None:
@@ -269,7 +279,10 @@ async def stream_turn(engine: Any, prepared: PreparedTurn, stats: Counter[str] |
                                   int(getattr(chunk, "cached_tokens", 0) or 0), chunk.fill)
     except EngineError as exc:
         reason, error = "error", str(exc)
-    for event in parser.finish():
+    final = parser.finish()
+    if aligner is not None:
+        aligner.attach(final)
+    for event in final:
         collected.add(event)
         yield event
     finish = _finish_reason(reason, len(parser.tool_calls))
@@ -293,6 +306,14 @@ async def stream_turn(engine: Any, prepared: PreparedTurn, stats: Counter[str] |
     yield end
 
 
+def _content_logprobs(engine: Any, request: GenerationRequest) -> ContentLogprobs | None:
+    """The aligner of content logprobs for a request that asked for them."""
+    if request.logprobs is None:
+        return None
+    end_ids = set(getattr(engine.tokenizer, "eos_token_ids", ()) or ()) | set(request.stop_token_ids)
+    return ContentLogprobs(TokenText(engine), end_ids)
+
+
 def _after_turn(prepared: PreparedTurn, out: TurnOutput) -> None:
     """Tell the hooks (policies, recorder) how the turn ended; never fails the turn."""
     for hook in prepared.hooks:
@@ -304,7 +325,7 @@ def _after_turn(prepared: PreparedTurn, out: TurnOutput) -> None:
 
 async def complete_turn(engine: Any, prepared: PreparedTurn, stats: Counter[str] | None = None) -> TurnOutput:
     """Run the Turn to the end and collect its output."""
-    out = TurnOutput()
+    out = TurnOutput(logprobs=None if prepared.request.logprobs is None else [])
     async with contextlib.aclosing(stream_turn(engine, prepared, stats)) as events:
         async for event in events:
             out.add(event)

@@ -83,6 +83,9 @@ class Turn:
     include_usage: bool = False  # streaming: send a usage record at the end
     thinking: bool | None = None  # None: the chat template's default
     model: str | None = None  # the name the client asked for
+    # Logprobs of the content tokens (proxy/logprobs.py): None = not asked; N = with
+    # the N most likely alternatives per token.
+    logprobs: int | None = None
     # Protocol fields kept for traces and policies (e.g. reasoning_effort, metadata).
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -114,6 +117,9 @@ class ReasoningDelta:
 @dataclass
 class ContentDelta:
     text: str
+    # OpenAI logprob entries of the tokens this text came from (proxy/logprobs.py);
+    # None when the request did not ask for logprobs.
+    logprobs: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -177,12 +183,17 @@ class TurnOutput:
     usage: Usage = field(default_factory=Usage)
     error: str | None = None
     stop_sequence: str | None = None
+    logprobs: list[dict[str, Any]] | None = None  # the content's entries, when asked (see Turn.logprobs)
 
     def add(self, event: OutputEvent) -> None:
         if isinstance(event, ReasoningDelta):
             self.reasoning += event.text
         elif isinstance(event, ContentDelta):
             self.content += event.text
+            if event.logprobs is not None:
+                if self.logprobs is None:
+                    self.logprobs = []
+                self.logprobs.extend(event.logprobs)
         elif isinstance(event, ToolCallDelta):
             self.tool_calls.append(event.call)
         elif isinstance(event, TurnEnd):
