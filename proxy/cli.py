@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "traces": ("jumpahead.traces.command", "import and analyse agent sessions"),
     "replay": ("jumpahead.traces.replay_command",
                "replay recorded sessions under paired arms (forced) or to a real client (--live)"),
+    "live": ("jumpahead.live.runner", "run tasks of the live task world per arm, paired by seed, through real servers"),
 }
 
 

@@ -1,0 +1,159 @@
+"""A minimal agent loop: one task through a real server, over the OpenAI protocol.
+
+The loop is an ordinary client (the `openai` SDK): system prompt, the task's prompt,
+the sandbox's TOOLS; then chat.completions.create -> run each tool call in the task's
+workspace (live/sandbox.py run_tool) -> append the results -> again, until the model
+answers without a tool call (its final answer), the step limit, or the task's
+wall-clock timeout. It never reaches into the engine: what it knows of the server is
+what a response carries (`usage`, `usage.fill` with the policies' interventions).
+
+`run_task` returns a TaskRecord: success (Task.check on the workspace and the final
+answer; a task that ends without a final answer, by the step limit, a timeout or an
+error, is a failure), wall time, turns, tokens, and per turn the server's fill
+telemetry, the calls and whether their results were errors.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jumpahead.live.sandbox import SYSTEM_PROMPT, TOOLS, run_tool
+from jumpahead.live.world import Task
+
+from .oracle import ORACLE_FIELD
+
+DEFAULT_MAX_STEPS = 6
+DEFAULT_MAX_TOKENS = 256
+DEFAULT_TIMEOUT_S = 300.0
+RESULT_KEEP = 300  # tool-result characters kept per call in the record
+
+
+@dataclass
+class AgentOptions:
+    model: str = "jumpahead"
+    max_steps: int = DEFAULT_MAX_STEPS  # model turns per task
+    max_tokens: int = DEFAULT_MAX_TOKENS  # per turn
+    timeout_s: float = DEFAULT_TIMEOUT_S  # per task, wall clock
+    temperature: float = 0.0  # greedy: arms with exact methods reproduce ordinary decoding
+    system_prompt: str = SYSTEM_PROMPT
+
+
+@dataclass
+class TurnRecord:
+    wall_s: float
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    fill: dict[str, Any]  # usage.fill as the server sent it
+    content: str
+    calls: list[dict[str, Any]] = field(default_factory=list)  # name, arguments (text), result, error
+    timings: dict[str, Any] = field(default_factory=dict)  # the server's, from its trace (live/runner.py)
+
+
+@dataclass
+class TaskRecord:
+    arm: str
+    seed: int
+    kind: str
+    steps: int  # tool calls of the task's ideal solution
+    session: str
+    success: bool = False
+    status: str = "running"  # answered | step_limit | timeout | error
+    error: str | None = None
+    final_answer: str = ""
+    wall_s: float = 0.0
+    turns: list[TurnRecord] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["n_turns"] = len(self.turns)
+        out["prompt_tokens"] = sum(t.prompt_tokens for t in self.turns)
+        out["completion_tokens"] = sum(t.completion_tokens for t in self.turns)
+        out["cached_tokens"] = sum(t.cached_tokens for t in self.turns)
+        return out
+
+
+def ideal_calls(task: Task) -> list[dict[str, Any]]:
+    """The task's ideal tool calls as `{"name", "arguments"}` (the live oracle's input)."""
+    return [{"name": name, "arguments": dict(args)} for name, args in getattr(task, "ideal", []) or []]
+
+
+def _arguments(text: str | None) -> tuple[dict[str, Any] | None, str | None]:
+    try:
+        value = json.loads(text or "{}")
+    except json.JSONDecodeError as exc:
+        return None, f"Error: the arguments are not valid JSON ({exc.msg})"
+    if not isinstance(value, dict):
+        return None, "Error: arguments must be a JSON object"
+    return value, None
+
+
+def _usage(resp: Any) -> tuple[int, int, int, dict[str, Any]]:
+    usage = getattr(resp, "usage", None)
+    if usage is None:
+        return 0, 0, 0, {}
+    data = usage.model_dump() if hasattr(usage, "model_dump") else dict(usage)
+    details = data.get("prompt_tokens_details") or {}
+    return (int(data.get("prompt_tokens") or 0), int(data.get("completion_tokens") or 0),
+            int(details.get("cached_tokens") or 0), dict(data.get("fill") or {}))
+
+
+def run_task(client: Any, task: Task, workspace: Path, arm_name: str, request_field: dict[str, Any],
+             session: str, oracle: bool, options: AgentOptions) -> TaskRecord:
+    """Run `task` in `workspace` (set up here) against the server behind `client`."""
+    record = TaskRecord(arm=arm_name, seed=task.seed, kind=task.kind, steps=task.steps, session=session)
+    task.setup(workspace)
+    jumpahead = {**request_field, "session": session}
+    if oracle:
+        jumpahead[ORACLE_FIELD] = ideal_calls(task)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": options.system_prompt},
+                                      {"role": "user", "content": task.prompt}]
+    t0 = time.perf_counter()
+    final: str | None = None
+    try:
+        for _ in range(options.max_steps):
+            left = options.timeout_s - (time.perf_counter() - t0)
+            if left <= 0:
+                record.status = "timeout"
+                break
+            t_turn = time.perf_counter()
+            resp = client.chat.completions.create(
+                model=options.model, messages=messages, tools=TOOLS, max_tokens=options.max_tokens,
+                temperature=options.temperature, timeout=left, extra_body={"jumpahead": jumpahead})
+            msg = resp.choices[0].message
+            prompt, completion, cached, fill = _usage(resp)
+            turn = TurnRecord(wall_s=round(time.perf_counter() - t_turn, 4),
+                              finish_reason=resp.choices[0].finish_reason, prompt_tokens=prompt,
+                              completion_tokens=completion, cached_tokens=cached, fill=fill,
+                              content=msg.content or "")
+            record.turns.append(turn)
+            calls = list(msg.tool_calls or [])
+            if not calls:
+                final = msg.content or ""
+                break
+            messages.append({"role": "assistant", "content": msg.content or "",
+                             "tool_calls": [{"id": c.id, "type": "function",
+                                             "function": {"name": c.function.name,
+                                                          "arguments": c.function.arguments}} for c in calls]})
+            for c in calls:
+                args, problem = _arguments(c.function.arguments)
+                result = problem if args is None else run_tool(workspace, c.function.name, args)
+                turn.calls.append({"name": c.function.name, "arguments": c.function.arguments,
+                                   "error": result.startswith("Error"), "result": result[:RESULT_KEEP]})
+                messages.append({"role": "tool", "tool_call_id": c.id, "content": result})
+        else:
+            record.status = "step_limit"
+    except Exception as exc:  # a timeout or an HTTP error ends the task; it counts as a failure
+        timed_out = "timeout" in type(exc).__name__.lower() or "timed out" in str(exc).lower()
+        record.status = "timeout" if timed_out else "error"
+        record.error = f"{type(exc).__name__}: {str(exc)[:300]}"
+    record.wall_s = round(time.perf_counter() - t0, 4)
+    if final is not None:
+        record.status, record.final_answer = "answered", final
+        record.success = task.check(workspace, final)
+    return record

@@ -1,0 +1,107 @@
+"""A self-contained HTML page of a live run (plotly.js inlined once, no network needed):
+the per-arm table, success with its CI, task wall time (all tasks and successes),
+D/P/H/R stacked per arm, net saving per task with its paired CI, and recovery."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+
+def _fmt(v: Any, nd: int = 3) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.{nd}f}"
+    return html.escape(str(v))
+
+
+def _ci(d: dict[str, Any]) -> str:
+    if not d or d.get("mean") is None:
+        return ""
+    return f"{d['mean']:.3f} [{d['lo']:.3f}, {d['hi']:.3f}]"
+
+
+def table(summary: dict[str, Any]) -> str:
+    head = ("<tr><th>arm</th><th>tasks</th><th>success</th><th>95% CI</th><th>wall s median (all)</th>"
+            "<th>wall s median (successes)</th><th>D s</th><th>P s</th><th>H s</th><th>R s</th><th>net s</th>"
+            "<th>net s / task [95% CI]</th><th>model s saved / task [CI]</th><th>wall s saved / task [CI]</th>"
+            "<th>jumps</th><th>wrong</th><th>recovery freq.</th><th>cost / recovery s</th><th>break-even freq.</th></tr>")
+    rows = []
+    for arm, s in summary.get("per_arm", {}).items():
+        t, rec = s.get("totals", {}), s.get("recovery", {})
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in (
+            html.escape(arm), s.get("tasks"), _fmt(s.get("success_rate")),
+            f"[{s['success_ci95'][0]:.3f}, {s['success_ci95'][1]:.3f}]",
+            _fmt(s.get("wall_s_all", {}).get("median"), 2), _fmt(s.get("wall_s_success", {}).get("median"), 2),
+            _fmt(t.get("D_s")), _fmt(t.get("P_s")), _fmt(t.get("H_s")), _fmt(t.get("R_s")), _fmt(t.get("net_s")),
+            _ci(s.get("net_s_per_task", {})), _ci(s.get("model_s_saved_per_task", {})),
+            _ci(s.get("wall_s_saved_per_task", {})), rec.get("jump_interventions"), rec.get("wrong"),
+            _fmt(rec.get("frequency")), _fmt(rec.get("cost_per_recovery_s")),
+            _fmt(rec.get("breakeven_frequency")))) + "</tr>")
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def figures(summary: dict[str, Any], records: list[dict[str, Any]]) -> list[Any]:
+    import plotly.graph_objects as go
+
+    arms = list(summary.get("per_arm", {}))
+    per = summary.get("per_arm", {})
+    figs = []
+    rate = [per[a].get("success_rate") or 0.0 for a in arms]
+    lo = [r - per[a]["success_ci95"][0] for a, r in zip(arms, rate)]
+    hi = [per[a]["success_ci95"][1] - r for a, r in zip(arms, rate)]
+    figs.append(go.Figure(go.Bar(x=arms, y=rate, error_y={"type": "data", "symmetric": False, "array": hi,
+                                                          "arrayminus": lo}))
+                .update_layout(title="Success rate (Wilson 95% CI)", yaxis_tickformat=".0%"))
+    fig = go.Figure()
+    for a in arms:
+        fig.add_trace(go.Box(y=[r["wall_s"] for r in records if r["arm"] == a], name=f"{a} (all)", boxpoints="all"))
+        fig.add_trace(go.Box(y=[r["wall_s"] for r in records if r["arm"] == a and r["success"]],
+                             name=f"{a} (successes)", boxpoints="all"))
+    figs.append(fig.update_layout(title="Task wall time: every task (failures and timeouts included) "
+                                        "and successes only", yaxis_title="seconds", showlegend=False))
+    fig = go.Figure()
+    for key, sign, name in (("D_s", 1, "D (decode avoided)"), ("P_s", -1, "-P (carrying supplied tokens)"),
+                            ("H_s", -1, "-H (proposing, hooks)"), ("R_s", -1, "-R (recovery)")):
+        fig.add_trace(go.Bar(x=arms, y=[sign * per[a]["totals"].get(key, 0.0) for a in arms], name=name))
+    fig.add_trace(go.Scatter(x=arms, y=[per[a]["totals"].get("net_s", 0.0) for a in arms], mode="markers",
+                             marker={"size": 12, "color": "black"}, name="net D - P - H - R"))
+    figs.append(fig.update_layout(barmode="relative", title="D / P / H / R totals per arm (seconds)"))
+    fig = go.Figure()
+    for label, key in (("net D-P-H-R", "net_s_per_task"), ("model time saved (measured)", "model_s_saved_per_task"),
+                       ("wall time saved (measured)", "wall_s_saved_per_task")):
+        ds = [per[a].get(key, {}) for a in arms]
+        ys = [d.get("mean") or 0.0 for d in ds]
+        fig.add_trace(go.Bar(x=arms, y=ys, name=label, error_y={
+            "type": "data", "symmetric": False,
+            "array": [(d.get("hi") or 0.0) - y for d, y in zip(ds, ys)],
+            "arrayminus": [y - (d.get("lo") or 0.0) for d, y in zip(ds, ys)]}))
+    figs.append(fig.update_layout(barmode="group", title="Saving per task vs ordinary (paired bootstrap 95% CI)",
+                                  yaxis_title="seconds"))
+    rec = [per[a].get("recovery", {}) for a in arms]
+    figs.append(go.Figure([
+        go.Bar(x=arms, y=[r.get("frequency") or 0.0 for r in rec], name="recovery frequency (wrong / jumps)"),
+        go.Bar(x=arms, y=[r.get("breakeven_frequency") or 0.0 for r in rec], name="break-even frequency"),
+    ]).update_layout(barmode="group", title="Recovery frequency and its break-even", yaxis_tickformat=".0%"))
+    return figs
+
+
+def write_report(summary: dict[str, Any], records: list[dict[str, Any]], out: Path) -> Path:
+    parts, js = [], True
+    for fig in figures(summary, records):
+        parts.append("<section>" + fig.to_html(full_html=False, include_plotlyjs=js) + "</section>")
+        js = False
+    run = summary.get("run", {})
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in summary.get("notes", []))
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>jumpahead live</title>"
+            "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:13px}"
+            "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}</style></head><body>"
+            f"<h1>jumpahead live: {run.get('tasks_per_arm', '?')} tasks per arm</h1>"
+            f"<p>adapter: {html.escape(str(run.get('adapter')))}; plain round "
+            f"{_fmt(summary.get('plain_round_s'), 4)} s; run wall {_fmt(run.get('wall_s'), 1)} s</p>"
+            f"{table(summary)}<ul>{notes}</ul>{''.join(parts)}</body></html>")
+    out = Path(out)
+    out.write_text(page, encoding="utf-8")
+    return out

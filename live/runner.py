@@ -1,0 +1,272 @@
+"""`jumpahead live`: N tasks per arm, paired by seed, through real servers.
+
+Each arm gets its own `jumpahead serve` subprocess (live/arms.py: its methods and
+policies, `--trace-dir` for the engine's timings, RAM-only prefix cache, `--adapter`
+passed through). Every arm runs the same seeds. Jobs are interleaved: seed i runs all
+arms, in an order rotated by i, before seed i+1, so drift on a shared machine hits the
+arms alike; `--concurrency K` keeps K jobs in flight. After each task the runner joins
+the server's trace of that task's session (one trace file per task) onto the agent's
+turns (prefill/decode seconds, rounds), appends the record to `tasks.jsonl`, and at the
+end writes `summary.json` (live/summary.py) and `report.html` (live/report.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_TASKS = 10
+DEFAULT_SPLIT = "heldout"
+SERVE_START_TIMEOUT_S = 600.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tasks", type=int, default=DEFAULT_TASKS, metavar="N",
+                        help=f"tasks per arm, the same seeds in every arm (default: {DEFAULT_TASKS})")
+    parser.add_argument("--arms", default="ordinary,default", metavar="LIST",
+                        help="comma-separated arms (ordinary, strict, echo, default, jump, oracle-jump, "
+                             "mistaken-jump:rate=R[,base=oracle], compaction, combinations with '+', "
+                             "package.module:Class; 'all' for the full set); ordinary is added when missing")
+    parser.add_argument("--adapter", default=None, metavar="PATH|NAME",
+                        help="a LoRA adapter every arm's server loads (serve --adapter)")
+    parser.add_argument("--model", default=None, metavar="PATH_OR_ID", help="serve --model for every arm")
+    parser.add_argument("--kinds", default=None, metavar="LIST",
+                        help="task kinds, comma-separated (default: every kind, cycling by seed)")
+    parser.add_argument("--seed-split", default=DEFAULT_SPLIT, choices=("train", "heldout"),
+                        help=f"which seed range the tasks come from (default: {DEFAULT_SPLIT})")
+    parser.add_argument("--seed-offset", type=int, default=0, metavar="K",
+                        help="skip the first K seeds of the split (default: 0)")
+    parser.add_argument("--concurrency", type=int, default=1, metavar="K", help="tasks in flight (default: 1)")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="output folder (default: ./live-runs/<time>): tasks.jsonl, summary.json, "
+                             "report.html, traces/, servers/")
+    parser.add_argument("--max-steps", type=int, default=6, metavar="N", help="model turns per task (default: 6)")
+    parser.add_argument("--max-tokens", type=int, default=256, metavar="N", help="tokens per turn (default: 256)")
+    parser.add_argument("--task-timeout", type=float, default=300.0, metavar="S",
+                        help="wall-clock limit per task in seconds (default: 300)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: 0)")
+    parser.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
+                        help="an extra argument for every arm's `jumpahead serve` (repeatable; "
+                             "--serve-arg=--max-batch=4)")
+    parser.add_argument("--keep-workspaces", action="store_true", help="keep each task's workspace under OUT/work")
+
+
+@dataclass
+class LiveOptions:
+    arms: list[Any]  # LiveArm
+    seeds: list[int]
+    kinds: list[str] | None = None
+    out: Path = Path("live-run")
+    adapter: str | None = None
+    model: str | None = None
+    concurrency: int = 1
+    agent: Any = None  # AgentOptions
+    serve_args: list[str] = field(default_factory=list)
+    keep_workspaces: bool = False
+    quiet: bool = False
+
+
+def jobs(seeds: list[int], arms: list[Any]) -> list[tuple[int, Any]]:
+    """(seed, arm) in run order: per seed every arm, the arm order rotated by the seed's index."""
+    out = []
+    for i, seed in enumerate(seeds):
+        k = i % len(arms)
+        out += [(seed, arm) for arm in arms[k:] + arms[:k]]
+    return out
+
+
+def _server_process() -> Any:
+    try:
+        from jumpahead.bench.server_process import ServerProcess
+    except ImportError:  # before the benches moved into bench/
+        from jumpahead.proxy.server_process import ServerProcess  # type: ignore[no-redef]
+    return ServerProcess
+
+
+def _task_for(seed: int, index: int, kinds: list[str] | None) -> Any:
+    from jumpahead.live.world import make_task
+
+    return make_task(seed, kinds[index % len(kinds)] if kinds else None)
+
+
+def _join_trace(record: Any, path: Path, wait_s: float = 5.0) -> None:
+    """Copy the server's timings of each turn onto the record's turns (file order = turn order)."""
+    from jumpahead.traces.trace_file import read_trace
+
+    deadline = time.monotonic() + wait_s
+    turns: list[dict[str, Any]] = []
+    while True:
+        if path.exists():
+            _, turns, _ = read_trace(path)
+        if len(turns) >= len(record.turns) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for turn, traced in zip(record.turns, turns):
+        t = traced.get("timings") or {}
+        turn.timings = {k: t.get(k) for k in ("queue_s", "prefill_s", "decode_s", "total_s", "rounds") if k in t}
+
+
+class Run:
+    """One live run: servers up, jobs done, records written."""
+
+    def __init__(self, options: LiveOptions) -> None:
+        self.o = options
+        self.out = Path(options.out)
+        self.records: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self.servers: dict[str, Any] = {}
+        self.done = 0
+
+    def log(self, text: str) -> None:
+        if not self.o.quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    def start_servers(self) -> None:
+        ServerProcess = _server_process()
+        (self.out / "servers").mkdir(parents=True, exist_ok=True)
+        for arm in self.o.arms:
+            args = [*arm.serve_args(), "--trace-dir", str(self.out / "traces" / arm.slug), "--no-ssd-cache",
+                    "--log-level", "warning", "--max-batch", str(max(1, self.o.concurrency))]
+            if self.o.adapter:
+                args += ["--adapter", self.o.adapter]
+            if self.o.model:
+                args += ["--model", self.o.model]
+            args += list(self.o.serve_args)
+            t0 = time.monotonic()
+            self.servers[arm.name] = ServerProcess(args, self.out / "servers" / f"{arm.slug}.log",
+                                                   start_timeout=SERVE_START_TIMEOUT_S)
+            self.log(f"live: server for {arm.name} up in {time.monotonic() - t0:.1f} s ({' '.join(args)})")
+
+    def stop_servers(self) -> None:
+        for server in self.servers.values():
+            try:
+                server.stop()
+            except Exception as exc:  # keep stopping the others
+                self.log(f"live: stopping a server: {exc}")
+
+    def run_job(self, index: int, seed: int, arm: Any) -> dict[str, Any]:
+        from openai import OpenAI
+
+        from jumpahead.proxy.session_identity import safe_file_stem
+
+        from .agent import run_task
+
+        task = _task_for(seed, self.o.seeds.index(seed), self.o.kinds)
+        session = f"live-{arm.slug}-{seed}"
+        client = OpenAI(base_url=self.servers[arm.name].url + "/v1", api_key="live", max_retries=0)
+        work = Path(tempfile.mkdtemp(prefix=f"live-{arm.slug}-{seed}-"))
+        try:
+            record = run_task(client, task, work, arm.name, arm.request_field(), session, arm.oracle, self.o.agent)
+            _join_trace(record, self.out / "traces" / arm.slug / f"{safe_file_stem(session)}.jsonl")
+            if self.o.keep_workspaces:
+                dest = self.out / "work" / arm.slug / str(seed)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copytree(work, dest, dirs_exist_ok=True)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+            client.close()
+        doc = record.to_json()
+        doc["job"] = index
+        with self._lock:
+            self.records.append(doc)
+            with (self.out / "tasks.jsonl").open("a") as fh:
+                fh.write(json.dumps(doc) + "\n")
+            self.done += 1
+            self.log(f"live: [{self.done}/{len(self.o.seeds) * len(self.o.arms)}] {arm.name} seed {seed} "
+                     f"({task.kind}): {'ok' if record.success else record.status} in {record.wall_s:.1f} s, "
+                     f"{len(record.turns)} turns")
+        return doc
+
+    def run(self) -> dict[str, Any]:
+        from .summary import summarize
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "tasks.jsonl").write_text("")
+        todo = list(enumerate(jobs(self.o.seeds, self.o.arms)))
+        started = time.perf_counter()
+        try:
+            self.start_servers()
+            lock = threading.Lock()
+
+            def worker() -> None:
+                while True:
+                    with lock:
+                        if not todo:
+                            return
+                        index, (seed, arm) = todo.pop(0)
+                    self.run_job(index, seed, arm)
+
+            threads = [threading.Thread(target=worker, name=f"live-{i}") for i in range(max(1, self.o.concurrency))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            self.stop_servers()
+        arm_names = [a.name for a in self.o.arms]
+        self.records.sort(key=lambda r: r["job"])
+        summary = summarize(self.records, arm_names)
+        summary["run"] = {"tasks_per_arm": len(self.o.seeds), "seeds": self.o.seeds, "kinds": self.o.kinds,
+                          "adapter": self.o.adapter, "model": self.o.model, "concurrency": self.o.concurrency,
+                          "arms": {a.name: {"serve_args": a.serve_args(), "request": a.request_field(),
+                                            "oracle": a.oracle} for a in self.o.arms},
+                          "agent": vars(self.o.agent) if self.o.agent is not None else None,
+                          "wall_s": round(time.perf_counter() - started, 3)}
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        try:
+            from .report import write_report
+
+            write_report(summary, self.records, self.out / "report.html")
+        except Exception as exc:  # the numbers are written; a plot problem must not lose them
+            self.log(f"live: report failed: {type(exc).__name__}: {exc}")
+        return summary
+
+
+def run_live(options: LiveOptions) -> dict[str, Any]:
+    return Run(options).run()
+
+
+def run(args: argparse.Namespace) -> int:
+    from jumpahead.traces.arms import ArmError
+
+    from .arms import parse_live_arms
+
+    try:
+        arms = parse_live_arms(args.arms)
+    except ArmError as exc:
+        print(f"jumpahead live: {exc}", file=sys.stderr)
+        return 2
+    if args.tasks < 1 or args.concurrency < 1 or args.max_steps < 1 or args.max_tokens < 1:
+        print("jumpahead live: --tasks, --concurrency, --max-steps and --max-tokens must be at least 1",
+              file=sys.stderr)
+        return 2
+    from jumpahead.live.world import KINDS, split_seeds
+
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
+    unknown = [k for k in kinds or [] if k not in KINDS]
+    if unknown:
+        print(f"jumpahead live: unknown task kind(s) {', '.join(unknown)} (known: {', '.join(KINDS)})",
+              file=sys.stderr)
+        return 2
+    from .agent import AgentOptions
+
+    seeds = split_seeds(args.seed_split, args.seed_offset + args.tasks)[args.seed_offset:]
+    out = Path(args.out) if args.out else Path("live-runs") / time.strftime("%Y%m%d-%H%M%S")
+    agent = AgentOptions(max_steps=args.max_steps, max_tokens=args.max_tokens, timeout_s=args.task_timeout,
+                         temperature=args.temperature)
+    summary = run_live(LiveOptions(arms=arms, seeds=seeds, kinds=kinds, out=out, adapter=args.adapter,
+                                   model=args.model, concurrency=args.concurrency, agent=agent,
+                                   serve_args=list(args.serve_arg), keep_workspaces=args.keep_workspaces))
+    table = {arm: {"success": s["success_rate"], "ci95": s["success_ci95"],
+                   "wall_s_median": s["wall_s_all"].get("median"), "net_s": s["totals"]["net_s"]}
+             for arm, s in summary["per_arm"].items()}
+    print(json.dumps({"out": str(out), "arms": table}, indent=1))
+    return 0

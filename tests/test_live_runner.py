@@ -1,0 +1,139 @@
+"""`jumpahead live`: the runner's accounting through real servers, the summary's
+arithmetic on made-up records, the live oracle's rendering, and CLI errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jumpahead.live.arms import parse_live_arms
+from jumpahead.live.oracle import render_call
+from jumpahead.live.summary import summarize, task_account, wilson
+from jumpahead.proxy.cli import main
+
+
+def _turn(wall: float, prefill: float, decode: float, rounds: int, completion: int, sampled: int,
+          propose_ms: float = 0.0, interventions: list | None = None, error: bool = False) -> dict:
+    fill = {"tokens": {"sampled": sampled, **({"jump": completion - sampled} if completion > sampled else {})},
+            "propose_ms": propose_ms, "policies": {"interventions": interventions or []}}
+    return {"wall_s": wall, "completion_tokens": completion, "fill": fill,
+            "timings": {"prefill_s": prefill, "decode_s": decode, "rounds": rounds},
+            "calls": [{"name": "write_file", "error": error}]}
+
+
+def _rec(arm: str, seed: int, success: bool, wall: float, turns: list[dict]) -> dict:
+    return {"arm": arm, "seed": seed, "success": success, "status": "answered" if success else "step_limit",
+            "wall_s": wall, "turns": turns}
+
+
+def test_summary_arithmetic_on_made_up_records() -> None:
+    wrong = [{"boundary": "tool_name", "tokens": 10, "label": "mistaken truncated content 20 -> 3 chars | x"}]
+    right = [{"boundary": "tool_name", "tokens": 10, "label": "oracle write_file: ..."}]
+    records = [
+        # ordinary: 0.1 s per decode round (11 rounds -> 10 decode rounds, 1.0 s)
+        _rec("ordinary", 1, True, 3.0, [_turn(1.5, 0.2, 1.0, 11, 11, 11), _turn(1.5, 0.1, 1.0, 11, 11, 11)]),
+        _rec("ordinary", 2, False, 2.0, [_turn(2.0, 0.2, 1.0, 11, 11, 11)]),
+        # the jump arm: 10 supplied tokens in 1 round of 0.15 s
+        _rec("j", 1, True, 2.0, [_turn(1.0, 0.2, 0.25, 2, 11, 1, 5.0, right), _turn(1.0, 0.1, 1.0, 11, 11, 11)]),
+        _rec("j", 2, False, 4.0, [_turn(1.0, 0.2, 0.25, 2, 11, 1, 5.0, wrong),
+                                  _turn(1.5, 0.1, 1.0, 11, 11, 11), _turn(1.5, 0.1, 1.0, 11, 11, 11)]),
+    ]
+    s = summarize(records, ["ordinary", "j"])
+    assert s["plain_round_s"] == pytest.approx(0.1)
+    acc = {a["seed"]: a for a in s["accounts"]["j"]}
+    assert acc[1]["D_s"] == pytest.approx(1.0)  # 10 supplied x 0.1
+    assert acc[1]["P_s"] == pytest.approx(0.25 - 0.1 - 0.005)
+    assert acc[1]["H_s"] == pytest.approx(0.005)
+    assert acc[1]["R_s"] == 0
+    # seed 2: a wrong jump at turn 0; arm's later turns 2 x 1.1 s, ordinary's later turns none
+    assert acc[2]["R_s"] == pytest.approx(2.2)
+    j = s["per_arm"]["j"]
+    assert j["totals"]["net_s"] == pytest.approx(j["totals"]["D_s"] - j["totals"]["P_s"] - j["totals"]["H_s"]
+                                                 - j["totals"]["R_s"], abs=1e-5)
+    assert j["recovery"] == {**j["recovery"], "jump_interventions": 2, "wrong": 1, "frequency": 0.5,
+                             "tasks_with_wrong": 1, "recovered_tasks": 0}
+    gain = j["totals"]["D_s"] - j["totals"]["P_s"] - j["totals"]["H_s"]
+    assert j["recovery"]["breakeven_frequency"] == pytest.approx(gain / (2 * 2.2), abs=1e-3)
+    assert j["wall_s_all"]["total"] == pytest.approx(6.0) and j["wall_s_success"]["n"] == 1
+    assert j["wall_s_saved_per_task"]["mean"] == pytest.approx(((3.0 - 2.0) + (2.0 - 4.0)) / 2)
+    ci = j["net_s_per_task"]
+    assert ci["lo"] <= ci["mean"] <= ci["hi"]
+    assert s["per_arm"]["ordinary"]["totals"]["D_s"] == 0
+
+
+def test_wilson_bounds() -> None:
+    assert wilson(0, 0) == (0.0, 1.0)
+    lo, hi = wilson(8, 10)
+    assert 0.49 < lo < 0.8 < hi < 0.95
+    assert wilson(10, 10)[1] == 1.0 and wilson(0, 10)[0] == 0.0
+
+
+def test_live_oracle_renders_in_the_models_layout() -> None:
+    end = "</tool_call>"
+    args = {"path": "a.txt", "content": "x y\n"}
+    full = '\n{"name": "write_file", "arguments": {"path": "a.txt", "content": "x y\\n"}}\n</tool_call>'
+    assert render_call('\n{"name": "write_file"', "write_file", args, end) == full
+    assert render_call('\n{"name": "write_file", "arguments": {"content": "x', "write_file", args, end) == \
+        '\n{"name": "write_file", "arguments": {"content": "x y\\n", "path": "a.txt"}}\n</tool_call>'
+    compact = render_call('{"name":"write_file","arguments":{"path":"a', "write_file", args, end)
+    assert compact == '{"name":"write_file","arguments":{"path":"a.txt","content":"x y\\n"}}\n</tool_call>'
+    assert render_call('\n{"name": "bash"', "write_file", args, end) is None
+    assert render_call('\n{"name": "write_file", "arguments": {"path": "b', "write_file", args, end) is None
+
+
+def test_arms_map_to_servers_and_requests() -> None:
+    arms = {a.name: a for a in parse_live_arms("echo,default+oracle-jump,mistaken-jump:rate=0.3,base=oracle")}
+    assert list(arms)[0] == "ordinary" and arms["ordinary"].serve_args() == ["--methods", "none"]
+    assert arms["echo"].request_field() == {"methods": ["echo", "none"]}
+    assert arms["default+oracle-jump"].serve_args() == ["--policy", "jumpahead.live.oracle:LiveOracleJump"]
+    assert arms["default+oracle-jump"].request_field() == {} and arms["default+oracle-jump"].oracle
+    assert arms["mistaken-jump:rate=0.3,base=oracle"].policies == [
+        "jumpahead.live.oracle:LiveMistakenJump:rate=0.3,base=oracle"]
+
+
+def test_cli_unknown_arm_and_kind(capsys) -> None:
+    assert main(["live", "--arms", "ordinary,warp-drive", "--tasks", "1"]) == 2
+    assert "unknown arm 'warp-drive'" in capsys.readouterr().err
+    assert main(["live", "--arms", "ordinary", "--kinds", "juggling", "--tasks", "1"]) == 2
+    assert "unknown task kind" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(400)
+def test_two_tasks_two_arms_through_real_servers(tmp_path) -> None:
+    """The default model without an adapter fails the tasks: what is checked is the
+    accounting (pairing, every task recorded, failures in time over all, the summary's
+    arithmetic from the per-task records, ordered CI bounds)."""
+    from jumpahead.live.agent import AgentOptions
+    from jumpahead.live.runner import LiveOptions, run_live
+    from jumpahead.live.world import split_seeds
+
+    arms = parse_live_arms("oracle-jump")
+    seeds = split_seeds("heldout", 2)
+    out = tmp_path / "run"
+    summary = run_live(LiveOptions(arms=arms, seeds=seeds, out=out, quiet=True,
+                                   agent=AgentOptions(max_steps=2, max_tokens=12, timeout_s=60)))
+    lines = [json.loads(x) for x in (out / "tasks.jsonl").read_text().splitlines()]
+    assert sorted((r["arm"], r["seed"]) for r in lines) == sorted((a.name, s) for a in arms for s in seeds)
+    assert json.loads((out / "summary.json").read_text())["per_arm"].keys() == summary["per_arm"].keys()
+    assert (out / "report.html").read_text().count("<section>") >= 4
+    assert {r["seed"] for r in lines if r["arm"] == "ordinary"} == {r["seed"] for r in lines if r["arm"] == "oracle-jump"}
+    assert any(t.get("timings", {}).get("decode_s") is not None for r in lines for t in r["turns"])
+    again = summarize(lines, [a.name for a in arms])
+    for arm in summary["arms"]:
+        s, recs = summary["per_arm"][arm], [r for r in lines if r["arm"] == arm]
+        assert s["tasks"] == len(recs) == 2
+        assert s["successes"] == sum(r["success"] for r in recs)
+        assert s["status"] == {st: sum(r["status"] == st for r in recs) for st in {r["status"] for r in recs}}
+        assert s["wall_s_all"]["n"] == 2  # failures and timeouts included
+        assert s["wall_s_all"]["total"] == pytest.approx(sum(r["wall_s"] for r in recs), abs=1e-3)
+        assert s["wall_s_success"]["n"] == s["successes"]
+        lo, hi = s["success_ci95"]
+        assert 0 <= lo <= s["success_rate"] <= hi <= 1
+        for key in ("net_s_per_task", "wall_s_saved_per_task", "model_s_saved_per_task"):
+            assert s[key]["lo"] <= s[key]["mean"] <= s[key]["hi"]
+        assert s["totals"] == again["per_arm"][arm]["totals"]
+        for a in summary["accounts"][arm]:
+            rec = next(r for r in recs if r["seed"] == a["seed"])
+            base = next(r for r in lines if r["arm"] == "ordinary" and r["seed"] == a["seed"])
+            assert a == task_account(rec, base, summary["plain_round_s"])
