@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import json
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any
 import httpx
 
 from .clients import PROTOCOLS, Vanished, filler, request_body, stream_request, vanish
-from .server_process import ServerProcess, ServeError, exit_on_sigterm
+from .server_process import exit_on_sigterm, on_server
 
 PROBE = ("You are a careful assistant.", "Name three prime numbers and say why they are prime.")
 
@@ -162,15 +161,10 @@ def main(argv: list[str]) -> int:
         work.mkdir(parents=True, exist_ok=True)
         serve_args = ["--max-batch", str(args.max_batch), "--prefix-cache-dir", str(work / "prompt-cache"),
                       "--prefix-cache-ram-gb", str(args.prefix_cache_ram_gb), "--log-level", "warning"]
-        try:
-            server = ServerProcess(serve_args, work / "serve.log")
-        except ServeError as exc:
-            print(f"jumpahead bench disconnect: {exc}", file=sys.stderr)
+        report = on_server("disconnect", serve_args, work / "serve.log",
+                           lambda server: asyncio.run(run_disconnect(server.url, args, server.rss)))
+        if report is None:
             return 2
-        try:
-            report = asyncio.run(run_disconnect(server.url, args, server.rss))
-        finally:
-            server.stop()
         report["server"] = {"args": serve_args, "log": str(work / "serve.log")}
     print(json.dumps(report, indent=1))
     return 0 if report["ok"] else 1

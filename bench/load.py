@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import json
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 import httpx
 
 from .clients import PROTOCOLS, StreamResult, filler, percentiles, request_body, stream_request
-from .server_process import ServerProcess, ServeError, exit_on_sigterm, rss_of
+from .server_process import ServerProcess, ServeError, exit_on_sigterm, on_server, rss_of
 
 # (name, prompt words, max_tokens): short chat turns, a medium read, a long context.
 LENGTHS = (("short", 16, 32), ("medium", 120, 24), ("long", 400, 12))
@@ -239,18 +238,14 @@ def main(argv: list[str]) -> int:
         serve_args = ["--max-batch", str(args.max_batch), "--prefix-cache-dir", str(work / "prompt-cache"),
                       "--prefix-cache-ram-gb", str(args.prefix_cache_ram_gb),
                       "--prefix-cache-ssd-gb", str(args.prefix_cache_ssd_gb), "--log-level", "warning"]
-        try:
-            server = ServerProcess(serve_args, work / "serve.log")
-        except ServeError as exc:
-            print(f"jumpahead bench load: {exc}", file=sys.stderr)
-            return 2
-        try:
+
+        def body(server: ServerProcess) -> dict[str, Any]:
             report = asyncio.run(run_load(server.url, args, server.pid))
-        except ServeError as exc:
-            print(f"jumpahead bench load: {exc}", file=sys.stderr)
+            report["server"] = {"args": serve_args, "start_s": round(server.start_s, 1), "log": str(work / "serve.log")}
+            return report
+
+        report = on_server("load", serve_args, work / "serve.log", body)
+        if report is None:
             return 2
-        finally:
-            server.stop()
-        report["server"] = {"args": serve_args, "start_s": round(server.start_s, 1), "log": str(work / "serve.log")}
     print(json.dumps(report, indent=1))
     return 0 if report["ok"] else 1

@@ -19,23 +19,17 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from .server_process import free_port, serve_app
 
 
 def _wait(url: str, proc: subprocess.Popen | None, timeout: float = 600.0) -> None:
@@ -61,7 +55,7 @@ def _upstreams(urls: list[str], max_batch: int) -> Iterator[list[str]]:
     tmp = tempfile.TemporaryDirectory(prefix="jumpahead-bench-proxy-")
     try:
         for k in range(2):
-            port = _free_port()
+            port = free_port()
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "jumpahead.proxy.cli", "serve", "--port", str(port), "--max-batch",
                  str(max_batch), "--no-ssd-cache", "--prefix-cache-dir", os.path.join(tmp.name, f"cache{k}"),
@@ -82,27 +76,17 @@ def _upstreams(urls: list[str], max_batch: int) -> Iterator[list[str]]:
 @contextlib.contextmanager
 def _front(urls: list[str], tokenizer: Any, routing: str) -> Iterator[str]:
     """The real app in upstream mode, served by uvicorn in a thread."""
-    import uvicorn
-
     from jumpahead.policies.runtime import PolicyHooks
-
     from jumpahead.proxy.server import create_app
     from jumpahead.proxy.upstream.engine import UpstreamConfig, UpstreamEngine, UpstreamHooks
 
     engine = UpstreamEngine(UpstreamConfig(urls=urls, routing=routing), tokenizer)
     engine.probe()
     app = create_app(engine, hooks=[PolicyHooks([], tokenizer, engine.context_length), UpstreamHooks()])
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
     try:
-        yield f"http://127.0.0.1:{port}"
+        with serve_app(app) as url:
+            yield url
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
         engine.close()
 
 

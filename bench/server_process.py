@@ -1,17 +1,27 @@
-"""A real `jumpahead serve` in a subprocess, for the load, disconnect and crash benches:
-start it on a free loopback port, wait until /health answers, read its RSS, kill it."""
+"""Servers for the benches (and the tests, tests/serving.py):
+
+- ServerProcess: a real `jumpahead serve` in a subprocess, for the load, disconnect and
+  crash benches: start it on a free loopback port, wait until /health answers, read its
+  RSS, kill it; `on_server` runs a bench's body against one;
+- serve_app: an app (create_app(...)) under uvicorn in a thread of this process."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -40,28 +50,40 @@ def exit_on_sigterm() -> None:
 
 
 class ServerProcess:
-    """`python -m jumpahead.proxy.cli serve ARGS --port P`, its log in `log_path`."""
+    """`python -m jumpahead.proxy.cli serve ARGS --port P` (in `cwd`, with `env` added to
+    the environment), its log in `log_path`. The constructor waits until it answers,
+    unless `wait` is False: then call wait_healthy (several servers start side by side)."""
 
-    def __init__(self, args: list[str], log_path: str | Path, start_timeout: float = 1200.0) -> None:
+    def __init__(self, args: list[str], log_path: str | Path, start_timeout: float = 1200.0, *,
+                 cwd: str | Path | None = None, env: dict[str, str] | None = None, wait: bool = True) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log_path)
         self._log = self.log_path.open("ab")
-        t0 = time.monotonic()
+        self._t0 = time.monotonic()
+        self.start_s = 0.0  # seconds from start to the first 200 of /health, once it answered
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jumpahead.proxy.cli", "serve", *args, "--port", str(self.port)],
-            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, cwd=cwd,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
-        try:
-            self._wait_healthy(start_timeout)
-        except BaseException:
-            self.kill()
-            raise
-        self.start_s = time.monotonic() - t0
+        if wait:
+            self.wait_healthy(start_timeout)
 
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def wait_healthy(self, timeout: float = 1200.0) -> str:
+        """Until /health answers 200; the base URL. ServeError (the server killed) when it
+        exits first or does not answer within `timeout` seconds."""
+        try:
+            self._wait_healthy(timeout)
+        except BaseException:
+            self.kill()
+            raise
+        self.start_s = time.monotonic() - self._t0
+        return self.url
 
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -75,7 +97,8 @@ class ServerProcess:
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise ServeError(f"jumpahead serve did not answer /health within {timeout:.0f} s")
+                raise ServeError(f"jumpahead serve did not answer /health within {timeout:.0f} s; "
+                                 f"log: {self.log_tail()}")
             time.sleep(0.1)
 
     def rss(self) -> int | None:
@@ -111,3 +134,42 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def on_server(bench: str, serve_args: list[str], log_path: Path, body: Callable[[ServerProcess], T]) -> T | None:
+    """Start `jumpahead serve serve_args`, return body(server), stop the server. None, with
+    a line on stderr, when the server does not start or a ServeError stops the body."""
+    try:
+        server = ServerProcess(serve_args, log_path)
+    except ServeError as exc:
+        print(f"jumpahead bench {bench}: {exc}", file=sys.stderr)
+        return None
+    try:
+        return body(server)
+    except ServeError as exc:
+        print(f"jumpahead bench {bench}: {exc}", file=sys.stderr)
+        return None
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def serve_app(app: Any, timeout: float = 60.0, name: str = "uvicorn") -> Iterator[str]:
+    """`app` under uvicorn in a daemon thread on a free loopback port; yields its base URL
+    and stops the server on exit."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, name=name, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

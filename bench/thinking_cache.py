@@ -15,12 +15,10 @@ model (its template given reasoning, in a temporary folder) and prints a table.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,36 +90,6 @@ def session(url: str, turns: list[ScriptTurn], *, signed: bool = True) -> list[d
     return rows
 
 
-@contextlib.contextmanager
-def serve_thread(engine: Any, **app_kwargs: Any) -> Iterator[str]:
-    """create_app(engine) under uvicorn in a thread on a free port; yields its URL."""
-    import socket
-    import threading
-    import time
-
-    import uvicorn
-
-    from jumpahead.proxy.server import create_app
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, **app_kwargs), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-
-
 def main(argv: list[str] | None = None) -> int:
     import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
     from mlx_lm.tokenizer_utils import load as load_tokenizer
@@ -131,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     from jumpahead.engine.loader import load_model
 
     from jumpahead.proxy.script import Script
+    from jumpahead.proxy.server import create_app
+
+    from .server_process import serve_app
 
     model, _, info = load_model(None, progress=lambda s: print(s, file=sys.stderr))
     tmp = Path(tempfile.mkdtemp(prefix="jumpahead-thinking-"))
@@ -142,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             engine = Engine(model, tokenizer, info, EngineConfig(max_batch=2, max_asserted=1024,
                                                                  prefix_cache_dir=str(tmp / f"pc{signed}")))
             try:
-                with serve_thread(engine, script=Script(list(TURNS))) as url:
+                with serve_app(create_app(engine, script=Script(list(TURNS)))) as url:
                     rows = session(url, TURNS, signed=signed)
             finally:
                 engine.close()

@@ -154,6 +154,23 @@ def _scan_arguments(name: str, text: str, pos: int) -> PartialCall | None:
             p += 1
         return p
 
+    def inside(stage: str, partial: str | None) -> PartialCall | None:
+        """The text ends inside a string: the call at `stage` with the string so far (None
+        where that is not a decidable prefix)."""
+        if partial is None:
+            return None
+        call.stage, call.partial = stage, partial
+        return call
+
+    def past(p: int, sep: str, stage: str) -> int | PartialCall | None:
+        """After a key or value ending at `p`: the position past `sep`; the call at `stage`
+        where the text ends first; None where anything else stands there."""
+        p = skip(p)
+        if p >= n:
+            call.stage = stage
+            return call
+        return p + 1 if text[p] == sep else None
+
     first = True
     while True:
         pos = skip(pos)
@@ -164,28 +181,19 @@ def _scan_arguments(name: str, text: str, pos: int) -> PartialCall | None:
             return None  # a closed object, or not a key
         key, end, partial = _string(text, pos + 1)
         if key is None:
-            if partial is None:
-                return None
-            call.stage, call.partial = "key", partial
-            return call
+            return inside("key", partial)
         call.key = key
-        pos = skip(end)
-        if pos >= n:
-            call.stage = "after_key"
-            return call
-        if text[pos] != ":":
-            return None
-        pos = skip(pos + 1)
+        after = past(end, ":", "after_key")
+        if not isinstance(after, int):
+            return after
+        pos = skip(after)
         if pos >= n:
             call.stage = "after_colon"
             return call
         if text[pos] == '"':
             value, end, partial = _string(text, pos + 1)
             if value is None:
-                if partial is None:
-                    return None
-                call.stage, call.partial = "string", partial
-                return call
+                return inside("string", partial)
         else:
             try:
                 value, end = _DECODER.raw_decode(text, pos)
@@ -195,13 +203,10 @@ def _scan_arguments(name: str, text: str, pos: int) -> PartialCall | None:
                 return None  # a number may still grow
         call.args[key] = value
         call.key = None
-        pos = skip(end)
-        if pos >= n:
-            call.stage = "after_value"
-            return call
-        if text[pos] != ",":
-            return None
-        pos += 1
+        after = past(end, ",", "after_value")
+        if not isinstance(after, int):
+            return after
+        pos = after
         first = False
 
 

@@ -31,72 +31,71 @@ _JUMPAHEAD = {"type": "object", "description": "jumpahead options: methods, poli
                              "policies": _one_of(_STR, _OBJ, {"type": "array", "items": _one_of(_STR, _OBJ)}),
                              "replace": _BOOL}}
 
+
+def _messages_request(roles: list[str], message: dict[str, Any], **properties: Any) -> dict[str, Any]:
+    """A request body with a non-empty `messages` array of objects with a role among
+    `roles` and the `message` properties; `model`, the `properties` and `jumpahead` besides."""
+    return {
+        "type": "object",
+        "required": ["messages"],
+        "properties": {
+            "model": _STR,
+            "messages": {"type": "array", "minItems": 1, "items": {
+                "type": "object", "required": ["role"], "properties": {"role": {"enum": roles}, **message}}},
+            **properties,
+            "jumpahead": _JUMPAHEAD,
+        },
+    }
+
+
 _CHAT_CONTENT = _one_of(_STR, _NULLABLE, _OBJ, {"type": "array", "items": _one_of(_STR, _OBJ)})
 _CHAT_TOOL_CALL = {"type": "object", "properties": {  # a flat {"name", "arguments"} is tolerated; a bad id is replaced
     "function": {"type": "object", "required": ["name"],
                  "properties": {"name": {"type": "string", "minLength": 1},
                                 "arguments": _one_of(_STR, _OBJ, {"type": "array"}, _NULLABLE)}}}}
-CHAT_REQUEST: dict[str, Any] = {
-    "type": "object",
-    "required": ["messages"],
-    "properties": {
-        "model": _STR,
-        "messages": {"type": "array", "minItems": 1, "items": {
-            "type": "object", "required": ["role"],
-            "properties": {"role": {"enum": ["system", "developer", "user", "assistant", "tool", "function"]},
-                           "content": _CHAT_CONTENT,
-                           "tool_calls": {"type": "array", "items": _CHAT_TOOL_CALL}}}},
-        # a tool whose type is not "function" (hosted tools) is skipped, whatever it holds
-        "tools": {"type": "array", "items": {"type": "object", "if": _FUNCTION_TYPED, "then": {"properties": {
-            "function": {"type": "object", "required": ["name"],
-                         "properties": {"name": {"type": "string", "minLength": 1},
-                                        "parameters": _one_of(_OBJ, _NULLABLE)}}}}}},
-        "tool_choice": _one_of({"enum": ["auto", "none", "required"]}, _OBJ),
-        "max_tokens": _POS_INT, "max_completion_tokens": _POS_INT,
-        "n": {"type": "integer", "minimum": 1, "maximum": 1},
-        "temperature": {"type": "number", "minimum": 0},
-        "top_p": _TOP_P,
-        "top_k": {"type": "integer", "minimum": -1},
-        "min_p": {"type": "number", "minimum": 0, "maximum": 1},
-        "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
-        "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
-        "repetition_penalty": {"type": "number", "exclusiveMinimum": 0},
-        "seed": _INT,
-        "stop": _one_of(_STR, {"type": "array", "items": _STR}),
-        "stream": _BOOL,
-        "stream_options": {"type": "object", "properties": {"include_usage": _BOOL}},
-        "logit_bias": {"type": "object", "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
-        "jumpahead": _JUMPAHEAD,
-    },
-}
+CHAT_REQUEST = _messages_request(
+    ["system", "developer", "user", "assistant", "tool", "function"],
+    {"content": _CHAT_CONTENT, "tool_calls": {"type": "array", "items": _CHAT_TOOL_CALL}},
+    # a tool whose type is not "function" (hosted tools) is skipped, whatever it holds
+    tools={"type": "array", "items": {"type": "object", "if": _FUNCTION_TYPED, "then": {"properties": {
+        "function": {"type": "object", "required": ["name"],
+                     "properties": {"name": {"type": "string", "minLength": 1},
+                                    "parameters": _one_of(_OBJ, _NULLABLE)}}}}}},
+    tool_choice=_one_of({"enum": ["auto", "none", "required"]}, _OBJ),
+    max_tokens=_POS_INT, max_completion_tokens=_POS_INT,
+    n={"type": "integer", "minimum": 1, "maximum": 1},
+    temperature={"type": "number", "minimum": 0},
+    top_p=_TOP_P,
+    top_k={"type": "integer", "minimum": -1},
+    min_p={"type": "number", "minimum": 0, "maximum": 1},
+    presence_penalty={"type": "number", "minimum": -2, "maximum": 2},
+    frequency_penalty={"type": "number", "minimum": -2, "maximum": 2},
+    repetition_penalty={"type": "number", "exclusiveMinimum": 0},
+    seed=_INT,
+    stop=_one_of(_STR, {"type": "array", "items": _STR}),
+    stream=_BOOL,
+    stream_options={"type": "object", "properties": {"include_usage": _BOOL}},
+    logit_bias={"type": "object", "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
+)
 
 _BLOCKS = _one_of(_STR, _OBJ, {"type": "array", "items": _one_of(_STR, _OBJ)})  # unknown block types are skipped
-MESSAGES_REQUEST: dict[str, Any] = {
-    "type": "object",
-    "required": ["messages"],
-    "properties": {
-        "model": _STR,
-        "messages": {"type": "array", "minItems": 1, "items": {
-            "type": "object", "required": ["role"],
-            "properties": {"role": {"enum": ["user", "assistant", "system", "developer"]},
-                           "content": _one_of(_BLOCKS, _NULLABLE)}}},
-        "system": _one_of(_STR, _OBJ, _NULLABLE, {"type": "array", "items": _one_of(_STR, _OBJ)}),
-        "max_tokens": _POS_INT,
-        "temperature": {"type": "number", "minimum": 0, "maximum": 1},
-        "top_p": _TOP_P,
-        "top_k": {"type": "integer", "minimum": 0},
-        "seed": _INT,
-        "stop_sequences": {"type": "array", "items": _STR},
-        "stream": _BOOL,
-        # a tool without input_schema is a server tool (web_search, ...): skipped
-        "tools": {"type": "array", "items": {"type": "object", "if": {
-            "required": ["input_schema"], "not": {"properties": {"input_schema": _NULLABLE}}}, "then": {
-            "required": ["name"], "properties": {"name": {"type": "string", "minLength": 1}, "input_schema": _OBJ}}}},
-        "tool_choice": {"type": "object", "properties": {"type": {"enum": ["auto", "any", "tool", "none"]},
-                                                          "name": _STR}},
-        "jumpahead": _JUMPAHEAD,
-    },
-}
+MESSAGES_REQUEST = _messages_request(
+    ["user", "assistant", "system", "developer"],
+    {"content": _one_of(_BLOCKS, _NULLABLE)},
+    system=_one_of(_STR, _OBJ, _NULLABLE, {"type": "array", "items": _one_of(_STR, _OBJ)}),
+    max_tokens=_POS_INT,
+    temperature={"type": "number", "minimum": 0, "maximum": 1},
+    top_p=_TOP_P,
+    top_k={"type": "integer", "minimum": 0},
+    seed=_INT,
+    stop_sequences={"type": "array", "items": _STR},
+    stream=_BOOL,
+    # a tool without input_schema is a server tool (web_search, ...): skipped
+    tools={"type": "array", "items": {"type": "object", "if": {
+        "required": ["input_schema"], "not": {"properties": {"input_schema": _NULLABLE}}}, "then": {
+        "required": ["name"], "properties": {"name": {"type": "string", "minLength": 1}, "input_schema": _OBJ}}}},
+    tool_choice={"type": "object", "properties": {"type": {"enum": ["auto", "any", "tool", "none"]}, "name": _STR}},
+)
 COUNT_TOKENS_REQUEST: dict[str, Any] = {
     **MESSAGES_REQUEST,
     "properties": {k: v for k, v in MESSAGES_REQUEST["properties"].items() if k not in ("max_tokens", "stream")},

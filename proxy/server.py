@@ -52,11 +52,11 @@ from .prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from .prometheus import prometheus_text
 from .signing import Signer, default_signer
 from .turn import TurnOutput, Usage
+from .wire_errors import error_body_for
 
 log = logging.getLogger("jumpahead.proxy")
 T = TypeVar("T")
 HEARTBEAT_S = 15.0  # Anthropic and Responses streams: a ping after this long without an event
-ANTHROPIC_PATHS = ("/v1/messages", "/messages")
 
 
 class JSONResponse(Response):
@@ -68,9 +68,8 @@ class JSONResponse(Response):
 
 def _error_response(exc: APIError, request: Request | None = None) -> JSONResponse:
     """The error in the shape of the protocol the request's path speaks."""
-    if request is not None and request.url.path.startswith(ANTHROPIC_PATHS):
-        return JSONResponse(exc.anthropic_body(), status_code=exc.status)
-    return JSONResponse(exc.body(), status_code=exc.status)
+    path = request.url.path if request is not None else ""
+    return JSONResponse(error_body_for(exc, path), status_code=exc.status)
 
 
 def _engine(request: Request) -> Any:

@@ -1,6 +1,9 @@
-"""Errors answered by ASGI middleware, before a route runs, in the path's protocol shape."""
+"""Errors in the path's protocol shape: answered by the routes (server.py) and by ASGI
+middleware, before a route runs."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import orjson
 from starlette.types import Scope, Send
@@ -10,10 +13,14 @@ from .errors import APIError
 ANTHROPIC_PATHS = ("/v1/messages", "/messages")
 
 
+def error_body_for(exc: APIError, path: str) -> dict[str, Any]:
+    """The error's body: Anthropic's shape on its paths, OpenAI's everywhere else."""
+    return exc.anthropic_body() if path.startswith(ANTHROPIC_PATHS) else exc.body()
+
+
 def error_payload(exc: APIError, path: str) -> bytes:
-    """The JSON body: Anthropic's shape on its paths, OpenAI's everywhere else."""
-    body = exc.anthropic_body() if path.startswith(ANTHROPIC_PATHS) else exc.body()
-    return orjson.dumps(body)
+    """error_body_for as JSON bytes."""
+    return orjson.dumps(error_body_for(exc, path))
 
 
 async def send_error(scope: Scope, send: Send, exc: APIError, headers: list[tuple[bytes, bytes]] = ()) -> None:

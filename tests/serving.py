@@ -1,17 +1,20 @@
-"""Helpers for tests that run the real server: uvicorn in a thread, script-mode engines."""
+"""Helpers for tests that run the real server: uvicorn in a thread, `jumpahead serve`
+subprocesses, script-mode engines. The servers themselves are jumpahead.bench.server_process's
+(serve_app, ServerProcess), which the benches use too."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
-import socket
 import subprocess
-import threading
-import time
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
+from jumpahead.bench.server_process import ServerProcess, free_port, serve_app  # noqa: F401  (free_port: the tests')
 
 SCRIPT_SLICE = 1024  # max_asserted for script-mode test engines: a whole turn in one round
 
@@ -27,34 +30,23 @@ def interrupt(proc: subprocess.Popen, timeout: float) -> int:
         raise
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def serve(engine: Any, **app_kwargs: Any) -> Iterator[str]:
     """Run create_app(engine, **app_kwargs) with uvicorn in a thread; yield its base URL."""
-    import uvicorn
-
     from jumpahead.proxy.server import create_app
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, **app_kwargs), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with serve_app(create_app(engine, **app_kwargs), timeout=30, name="uvicorn-test") as url:
+        yield url
+
+
+def start_serve(args: list[str], cwd: Path) -> ServerProcess:
+    """`jumpahead serve --max-batch 2 --log-level warning --no-ssd-cache ARGS` started in
+    `cwd` (its log there too) on a free port; not waited for: call its wait_healthy(timeout),
+    and stop() it at the end."""
+    fd, log = tempfile.mkstemp(prefix="serve-", suffix=".log", dir=cwd)
+    os.close(fd)
+    return ServerProcess(["--max-batch", "2", "--log-level", "warning", "--no-ssd-cache", *args], log,
+                         cwd=cwd, wait=False)
 
 
 def script_engine(loaded_model: Any, max_batch: int = 4) -> Any:

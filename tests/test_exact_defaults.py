@@ -9,10 +9,8 @@ and the `none` server's only sampled ones.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -20,7 +18,7 @@ import pytest
 
 from jumpahead.engine.methods import SERVER_DEFAULT, describe, parse_methods
 
-from .serving import free_port, interrupt
+from .serving import start_serve
 
 CONFIG = """server:
   host: 127.0.0.1
@@ -47,34 +45,12 @@ def test_parse_methods() -> None:
         parse_methods("none,echo")
 
 
-def _start(args: list[str], tmp: Path) -> tuple[subprocess.Popen, int]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jumpahead.proxy.cli", "serve", "--port", str(port), "--max-batch", "2",
-         "--log-level", "warning", "--no-ssd-cache", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=tmp)
-    return proc, port
-
-
-def _wait(proc: subprocess.Popen, port: int) -> str:
-    deadline = time.monotonic() + 240
-    while True:
-        assert proc.poll() is None, proc.stdout.read()
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
-            return f"http://127.0.0.1:{port}"
-        except httpx.TransportError:
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.3)
-
-
 @pytest.mark.slow  # two servers and two 48-token answers: minutes on a busy 2-core machine
 def test_serve_runs_exact_methods_by_default(tmp_path: Path) -> None:
     openai = pytest.importorskip("openai")
-    servers = {"default": _start([], tmp_path), "none": _start(["--methods", "none"], tmp_path)}
+    servers = {"default": start_serve([], tmp_path), "none": start_serve(["--methods", "none"], tmp_path)}
     try:
-        urls = {k: _wait(proc, port) for k, (proc, port) in servers.items()}
+        urls = {k: server.wait_healthy(240) for k, server in servers.items()}
         health = {k: httpx.get(f"{u}/health", timeout=10).json()["methods"] for k, u in urls.items()}
         assert health == {"default": ["echo", "strict"], "none": []}, health
         messages = [{"role": "user", "content": f"Here is config.yaml:\n```yaml\n{CONFIG}```\n"
@@ -94,8 +70,8 @@ def test_serve_runs_exact_methods_by_default(tmp_path: Path) -> None:
         assert copied > 0 and fill_default["verified"]["proposed"] > 0, fill_default
         assert fill_default["forwards"] < fill_none["forwards"], (fill_default, fill_none)
     finally:
-        for proc, _ in servers.values():
-            interrupt(proc, timeout=30)
+        for server in servers.values():
+            server.stop(timeout=30)
 
 
 def test_serve_rejects_unknown_methods(tmp_path: Path) -> None:

@@ -12,9 +12,6 @@ its result, and consecutive prompts keep sharing a prefix (the cut is sticky).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +25,7 @@ from jumpahead.proxy.prompt import render_prompt
 from jumpahead.proxy.turn import Message, Tool, Turn
 
 from .policy_sessions import SESSIONS, SHARED, common_prefix, default_tokenizer, load_public, snapshot
-from .serving import free_port, interrupt
+from .serving import start_serve
 
 CLAUDE_CODE = SHARED / "fixtures" / "clients" / "claude-code" / "001_POST_v1_messages.json"
 
@@ -154,28 +151,6 @@ def test_steps_are_in_cost_order() -> None:
 
 # --- the real server on the embedded default model --------------------------------------
 
-def _start(args: list[str], tmp: Path) -> tuple[subprocess.Popen, int]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jumpahead.proxy.cli", "serve", "--port", str(port), "--max-batch", "2",
-         "--log-level", "warning", "--no-ssd-cache", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=tmp)
-    return proc, port
-
-
-def _wait(proc: subprocess.Popen, port: int) -> str:
-    deadline = time.monotonic() + 240
-    while True:
-        assert proc.poll() is None, proc.stdout.read()
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
-            return f"http://127.0.0.1:{port}"
-        except httpx.TransportError:
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.3)
-
-
 def test_fit_is_on_for_the_embedded_model_only(tmp_path: Path) -> None:
     """`jumpahead serve` with no --model runs fit; with --no-fit or a user model path
     it does not, and the Claude Code request gets 400 (the prompt is over the window)."""
@@ -184,10 +159,10 @@ def test_fit_is_on_for_the_embedded_model_only(tmp_path: Path) -> None:
     body = claude_code_body()
     body.update(stream=False, max_tokens=4)
     model_path = str(ensure_default_model(progress=lambda s: None))
-    servers = {"default": _start([], tmp_path), "no-fit": _start(["--no-fit"], tmp_path),
-               "user-model": _start(["--model", model_path], tmp_path)}
+    servers = {"default": start_serve([], tmp_path), "no-fit": start_serve(["--no-fit"], tmp_path),
+               "user-model": start_serve(["--model", model_path], tmp_path)}
     try:
-        urls = {k: _wait(proc, port) for k, (proc, port) in servers.items()}
+        urls = {k: server.wait_healthy(240) for k, server in servers.items()}
         policies = {k: httpx.get(f"{u}/health", timeout=10).json().get("policies") for k, u in urls.items()}
         assert policies == {"default": ["fit"], "no-fit": [], "user-model": []}, policies
         for kind in ("no-fit", "user-model"):
@@ -196,8 +171,8 @@ def test_fit_is_on_for_the_embedded_model_only(tmp_path: Path) -> None:
             error = r.json()["error"]  # the Anthropic shape has no code field: the message says it
             assert error["type"] == "invalid_request_error" and "context is 8192 tokens" in error["message"], error
     finally:
-        for proc, _ in servers.values():
-            interrupt(proc, timeout=30)
+        for server in servers.values():
+            server.stop(timeout=30)
 
 
 @pytest.mark.slow  # a ~6k-token prefill on CPU: minutes on a shared 2-core machine
@@ -208,9 +183,9 @@ def test_claude_code_request_answered_on_the_default_server(tmp_path: Path) -> N
     did."""
     anthropic = pytest.importorskip("anthropic")
     body = claude_code_body()
-    proc, port = _start([], tmp_path)
+    server = start_serve([], tmp_path)
     try:
-        url = _wait(proc, port)
+        url = server.wait_healthy(240)
         client = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0, timeout=1200)
         extra = {k: v for k, v in body.items() if k not in ("model", "messages", "system", "tools", "max_tokens",
                                                              "stream", "metadata")}
@@ -242,4 +217,4 @@ def test_claude_code_request_answered_on_the_default_server(tmp_path: Path) -> N
         assert usage["output_tokens"] >= 1
         assert usage["input_tokens"] + (usage.get("cache_read_input_tokens") or 0) == fit["tokens_after"], usage
     finally:
-        interrupt(proc, timeout=30)
+        server.stop(timeout=30)
