@@ -9,7 +9,7 @@ what a response carries (`usage`, `usage.fill` with the policies' interventions)
 
 `run_task` returns a TaskRecord: success (Task.check on the workspace and the final
 answer; a task that ends without a final answer, by the step limit, a timeout or an
-error, is a failure), wall time, turns, tokens, and per turn the server's fill
+error, or a last turn cut off by max_tokens, is a failure), wall time, turns, tokens, and per turn the server's fill
 telemetry, the calls and whether their results were errors.
 """
 
@@ -63,7 +63,7 @@ class TaskRecord:
     steps: int  # tool calls of the task's ideal solution
     session: str
     success: bool = False
-    status: str = "running"  # answered | step_limit | timeout | error
+    status: str = "running"  # answered | truncated | step_limit | timeout | error
     error: str | None = None
     final_answer: str = ""
     wall_s: float = 0.0
@@ -153,7 +153,9 @@ def run_task(client: Any, task: Task, workspace: Path, arm_name: str, request_fi
         record.status = "timeout" if timed_out else "error"
         record.error = f"{type(exc).__name__}: {str(exc)[:300]}"
     record.wall_s = round(time.perf_counter() - t0, 4)
-    if final is not None:
+    if final is not None and record.turns[-1].finish_reason == "length":
+        record.status, record.final_answer = "truncated", final  # cut off mid-answer: no final answer
+    elif final is not None:
         record.status, record.final_answer = "answered", final
         record.success = task.check(workspace, final)
     return record

@@ -26,6 +26,7 @@ from typing import Any
 DEFAULT_TASKS = 10
 DEFAULT_SPLIT = "heldout"
 SERVE_START_TIMEOUT_S = 600.0
+STARTING_AT_ONCE = 3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,7 +112,8 @@ def _join_trace(record: Any, path: Path, wait_s: float = 5.0) -> None:
         time.sleep(0.05)
     for turn, traced in zip(record.turns, turns):
         t = traced.get("timings") or {}
-        turn.timings = {k: t.get(k) for k in ("queue_s", "prefill_s", "decode_s", "total_s", "rounds") if k in t}
+        turn.timings = {k: t.get(k) for k in ("queue_s", "prefill_s", "decode_s", "total_s", "rounds", "round_ms")
+                        if k in t}
 
 
 class Run:
@@ -130,9 +132,13 @@ class Run:
             print(text, file=sys.stderr, flush=True)
 
     def start_servers(self) -> None:
+        """One server per arm, STARTING_AT_ONCE loading at a time (loading is partly I/O)."""
+        from concurrent.futures import ThreadPoolExecutor
+
         ServerProcess = _server_process()
         (self.out / "servers").mkdir(parents=True, exist_ok=True)
-        for arm in self.o.arms:
+
+        def start(arm: Any) -> None:
             args = [*arm.serve_args(), "--trace-dir", str(self.out / "traces" / arm.slug), "--no-ssd-cache",
                     "--log-level", "warning", "--max-batch", str(max(1, self.o.concurrency))]
             if self.o.adapter:
@@ -141,9 +147,14 @@ class Run:
                 args += ["--model", self.o.model]
             args += list(self.o.serve_args)
             t0 = time.monotonic()
-            self.servers[arm.name] = ServerProcess(args, self.out / "servers" / f"{arm.slug}.log",
-                                                   start_timeout=SERVE_START_TIMEOUT_S)
+            server = ServerProcess(args, self.out / "servers" / f"{arm.slug}.log", start_timeout=SERVE_START_TIMEOUT_S)
+            with self._lock:
+                self.servers[arm.name] = server
             self.log(f"live: server for {arm.name} up in {time.monotonic() - t0:.1f} s ({' '.join(args)})")
+
+        with ThreadPoolExecutor(max_workers=min(STARTING_AT_ONCE, len(self.o.arms))) as pool:
+            for future in [pool.submit(start, arm) for arm in self.o.arms]:
+                future.result()  # the first failure raises; run() stops the servers that started
 
     def stop_servers(self) -> None:
         for server in self.servers.values():

@@ -4,12 +4,12 @@ Inputs are the per-task records (live/agent.py TaskRecord.to_json, each turn wit
 server's `timings` joined from its trace file by live/runner.py). The definitions are
 replay's (traces/replay.py), read off what a live turn's telemetry holds:
 
-- plain_s: the ordinary arm's decode seconds per decode round, pooled over its turns
-  (sum of decode_s / sum of (rounds - 1); round 1 is the prefill);
+- plain_s: the ordinary arm's seconds per decode round, the median over its one-token
+  rounds (the trace's `round_ms`; its first chunk holds the prefill);
 - D = supplied tokens (completion tokens not `sampled`: strict, echo, jump, ...) x plain_s;
-- P = the turn's decode time beyond its decode rounds at plain_s, less proposer time
-  (replay's P summed over all rounds: HTTP telemetry has no per-round split, and rounds
-  that verify rejected proposals are a cost of proposing too);
+- P = the rounds that carried supplied tokens (more than one token) beyond plain_s, less
+  their share of the turn's proposer time (the trace has per-round times, not per-round
+  proposer time);
 - H = proposer time (`usage.fill.propose_ms`: strict, echo and the policies' boundary
   hooks run inside it) plus the arm's policies' on_request / on_result hooks (the
   `fit` policy, which every arm of the default model runs, is left out);
@@ -88,16 +88,32 @@ def turn_model_s(turn: dict[str, Any]) -> float:
     return float(t["prefill_s"]) + float(t["decode_s"]) if t else float(turn.get("wall_s", 0.0))
 
 
+def _decode_rounds(turn: dict[str, Any]) -> list[tuple[float, int]]:
+    """(seconds, tokens) of each decode round of the turn (trace `round_ms` after the
+    first chunk, which holds the prefill)."""
+    t = _timings(turn) or {}
+    out = []
+    for item in (t.get("round_ms") or [])[1:]:
+        if isinstance(item, (list, tuple)) and len(item) == 2:
+            out.append((float(item[0]) / 1000, int(item[1])))
+    return out
+
+
 def plain_round_s(records: list[dict[str, Any]]) -> float | None:
-    """The ordinary arm's decode seconds per decode round, pooled."""
-    decode = rounds = 0.0
+    """The ordinary arm's seconds per decode round: the median over its one-token rounds
+    (a median: a loaded machine's stalls would drag a mean); where the trace has no
+    per-round times, pooled decode_s / (rounds - 1)."""
+    rounds = [s for rec in records for turn in rec.get("turns", []) for s, n in _decode_rounds(turn) if n == 1]
+    if rounds:
+        return statistics.median(rounds)
+    decode = count = 0.0
     for rec in records:
         for turn in rec.get("turns", []):
             t = _timings(turn)
             if t and int(t.get("rounds", 0)) > 1:
                 decode += float(t["decode_s"])
-                rounds += int(t["rounds"]) - 1
-    return decode / rounds if rounds else None
+                count += int(t["rounds"]) - 1
+    return decode / count if count else None
 
 
 def interventions(turn: dict[str, Any]) -> list[dict[str, Any]]:
@@ -124,11 +140,14 @@ def turn_account(turn: dict[str, Any], plain_s: float | None) -> dict[str, float
     for name, rep in ((fill.get("policies") or {}).get("by_policy") or {}).items():
         if name not in NOT_ARM_POLICIES and isinstance(rep, dict):
             hooks += float(rep.get("on_request_ms") or 0.0) + float(rep.get("on_result_ms") or 0.0)
-    t = _timings(turn)
     d = supplied * plain_s if plain_s else 0.0
     p = 0.0
-    if t and plain_s:
-        p = float(t["decode_s"]) - max(int(t.get("rounds", 0)) - 1, 0) * plain_s - propose_s
+    rounds = _decode_rounds(turn)
+    carried = [s for s, n in rounds if n > 1]
+    if carried and plain_s:
+        # replay's P: the rounds that carried supplied tokens beyond a plain round, less
+        # their share of the proposer time (the trace has no per-round proposer time)
+        p = sum(s - plain_s for s in carried) - propose_s * len(carried) / len(rounds)
     return {"supplied": supplied, "D_s": d, "P_s": p, "H_s": propose_s + hooks / 1000,
             "model_s": turn_model_s(turn)}
 
@@ -238,9 +257,9 @@ NOTES = [
     "success: the task's own check on the workspace (and the final answer); a task without a final answer "
     "(step limit, timeout, error) fails",
     "wall_s_all counts every task (failures and timeouts included); wall_s_success only successes",
-    "plain_round_s: the ordinary arm's decode s per decode round, pooled; D = supplied tokens x plain_round_s",
-    "P = decode_s - (rounds - 1) x plain_round_s - proposer time, per turn; H = proposer time + the arm's "
-    "policies' on_request/on_result time (fit excluded)",
+    "plain_round_s: the ordinary arm's median s per one-token decode round; D = supplied tokens x plain_round_s",
+    "P = rounds carrying supplied tokens beyond plain_round_s, less their share of proposer time; H = proposer "
+    "time + the arm's policies' on_request/on_result time (fit excluded)",
     "R: from the first turn with a wrong jump (perturbed label or an error result), the arm's later turns' model "
     "time less the ordinary arm's later turns on the same seed",
     "net_s = D - P - H - R; CIs are 95%: Wilson for success, paired percentile bootstrap over seeds otherwise",

@@ -13,13 +13,18 @@ from jumpahead.live.summary import summarize, task_account, wilson
 from jumpahead.proxy.cli import main
 
 
-def _turn(wall: float, prefill: float, decode: float, rounds: int, completion: int, sampled: int,
+def _turn(wall: float, prefill: float, decode: float, rounds: list[list], completion: int, sampled: int,
           propose_ms: float = 0.0, interventions: list | None = None, error: bool = False) -> dict:
     fill = {"tokens": {"sampled": sampled, **({"jump": completion - sampled} if completion > sampled else {})},
             "propose_ms": propose_ms, "policies": {"interventions": interventions or []}}
     return {"wall_s": wall, "completion_tokens": completion, "fill": fill,
-            "timings": {"prefill_s": prefill, "decode_s": decode, "rounds": rounds},
+            "timings": {"prefill_s": prefill, "decode_s": decode, "rounds": len(rounds),
+                        "round_ms": [[prefill * 1000, 1], *rounds]},
             "calls": [{"name": "write_file", "error": error}]}
+
+
+PLAIN = [[100.0, 1]] * 10  # ten one-token rounds of 0.1 s
+JUMPED = [[150.0, 10]]  # one round carrying 10 tokens (9 supplied)
 
 
 def _rec(arm: str, seed: int, success: bool, wall: float, turns: list[dict]) -> dict:
@@ -31,19 +36,18 @@ def test_summary_arithmetic_on_made_up_records() -> None:
     wrong = [{"boundary": "tool_name", "tokens": 10, "label": "mistaken truncated content 20 -> 3 chars | x"}]
     right = [{"boundary": "tool_name", "tokens": 10, "label": "oracle write_file: ..."}]
     records = [
-        # ordinary: 0.1 s per decode round (11 rounds -> 10 decode rounds, 1.0 s)
-        _rec("ordinary", 1, True, 3.0, [_turn(1.5, 0.2, 1.0, 11, 11, 11), _turn(1.5, 0.1, 1.0, 11, 11, 11)]),
-        _rec("ordinary", 2, False, 2.0, [_turn(2.0, 0.2, 1.0, 11, 11, 11)]),
-        # the jump arm: 10 supplied tokens in 1 round of 0.15 s
-        _rec("j", 1, True, 2.0, [_turn(1.0, 0.2, 0.25, 2, 11, 1, 5.0, right), _turn(1.0, 0.1, 1.0, 11, 11, 11)]),
-        _rec("j", 2, False, 4.0, [_turn(1.0, 0.2, 0.25, 2, 11, 1, 5.0, wrong),
-                                  _turn(1.5, 0.1, 1.0, 11, 11, 11), _turn(1.5, 0.1, 1.0, 11, 11, 11)]),
+        _rec("ordinary", 1, True, 3.0, [_turn(1.5, 0.2, 1.0, PLAIN, 11, 11), _turn(1.5, 0.1, 1.0, PLAIN, 11, 11)]),
+        _rec("ordinary", 2, False, 2.0, [_turn(2.0, 0.2, 1.0, PLAIN, 11, 11)]),
+        _rec("j", 1, True, 2.0, [_turn(1.0, 0.2, 0.15, JUMPED, 11, 2, 5.0, right),
+                                 _turn(1.0, 0.1, 1.0, PLAIN, 11, 11)]),
+        _rec("j", 2, False, 4.0, [_turn(1.0, 0.2, 0.15, JUMPED, 11, 2, 5.0, wrong),
+                                  _turn(1.5, 0.1, 1.0, PLAIN, 11, 11), _turn(1.5, 0.1, 1.0, PLAIN, 11, 11)]),
     ]
     s = summarize(records, ["ordinary", "j"])
     assert s["plain_round_s"] == pytest.approx(0.1)
     acc = {a["seed"]: a for a in s["accounts"]["j"]}
-    assert acc[1]["D_s"] == pytest.approx(1.0)  # 10 supplied x 0.1
-    assert acc[1]["P_s"] == pytest.approx(0.25 - 0.1 - 0.005)
+    assert acc[1]["D_s"] == pytest.approx(0.9)  # 9 supplied x 0.1
+    assert acc[1]["P_s"] == pytest.approx(0.15 - 0.1 - 0.005)  # the carrying round beyond plain, less proposing
     assert acc[1]["H_s"] == pytest.approx(0.005)
     assert acc[1]["R_s"] == 0
     # seed 2: a wrong jump at turn 0; arm's later turns 2 x 1.1 s, ordinary's later turns none
@@ -112,7 +116,7 @@ def test_two_tasks_two_arms_through_real_servers(tmp_path) -> None:
     seeds = split_seeds("heldout", 2)
     out = tmp_path / "run"
     summary = run_live(LiveOptions(arms=arms, seeds=seeds, out=out, quiet=True,
-                                   agent=AgentOptions(max_steps=2, max_tokens=12, timeout_s=60)))
+                                   agent=AgentOptions(max_steps=2, max_tokens=6, timeout_s=60)))
     lines = [json.loads(x) for x in (out / "tasks.jsonl").read_text().splitlines()]
     assert sorted((r["arm"], r["seed"]) for r in lines) == sorted((a.name, s) for a in arms for s in seeds)
     assert json.loads((out / "summary.json").read_text())["per_arm"].keys() == summary["per_arm"].keys()
