@@ -84,14 +84,6 @@ def jobs(seeds: list[int], arms: list[Any]) -> list[tuple[int, Any]]:
     return out
 
 
-def _server_process() -> Any:
-    try:
-        from jumpahead.bench.server_process import ServerProcess
-    except ImportError:  # before the benches moved into bench/
-        from jumpahead.proxy.server_process import ServerProcess  # type: ignore[no-redef]
-    return ServerProcess
-
-
 def _task_for(seed: int, index: int, kinds: list[str] | None) -> Any:
     from jumpahead.live.world import make_task
 
@@ -135,7 +127,8 @@ class Run:
         """One server per arm, STARTING_AT_ONCE loading at a time (loading is partly I/O)."""
         from concurrent.futures import ThreadPoolExecutor
 
-        ServerProcess = _server_process()
+        from jumpahead.bench.server_process import ServerProcess
+
         (self.out / "servers").mkdir(parents=True, exist_ok=True)
 
         def start(arm: Any) -> None:

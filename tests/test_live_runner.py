@@ -94,6 +94,10 @@ def test_arms_map_to_servers_and_requests() -> None:
     assert arms["default+oracle-jump"].request_field() == {} and arms["default+oracle-jump"].oracle
     assert arms["mistaken-jump:rate=0.3,base=oracle"].policies == [
         "jumpahead.live.oracle:LiveMistakenJump:rate=0.3,base=oracle"]
+    from jumpahead.live.oracle import LiveOracleJump
+    from jumpahead.policies.registry import parse_spec
+
+    assert isinstance(parse_spec(arms["mistaken-jump:rate=0.3,base=oracle"].policies[0]).build().base, LiveOracleJump)
 
 
 def test_cli_unknown_arm_and_kind(capsys) -> None:
