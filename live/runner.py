@@ -58,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an extra argument for every arm's `jumpahead serve` (repeatable; "
                              "--serve-arg=--max-batch=4)")
     parser.add_argument("--keep-workspaces", action="store_true", help="keep each task's workspace under OUT/work")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the tasks OUT/tasks.jsonl already holds and run only the others "
+                             "(same --tasks, --arms and seeds)")
 
 
 @dataclass
@@ -72,6 +75,7 @@ class LiveOptions:
     agent: Any = None  # AgentOptions
     serve_args: list[str] = field(default_factory=list)
     keep_workspaces: bool = False
+    resume: bool = False  # keep the records OUT/tasks.jsonl holds; run the other jobs
     quiet: bool = False
 
 
@@ -165,11 +169,13 @@ class Run:
 
         task = _task_for(seed, self.o.seeds.index(seed), self.o.kinds)
         session = f"live-{arm.slug}-{seed}"
+        trace = self.out / "traces" / arm.slug / f"{safe_file_stem(session)}.jsonl"
+        trace.unlink(missing_ok=True)  # a task cut off by an earlier run: its turns must not join this one's
         client = OpenAI(base_url=self.servers[arm.name].url + "/v1", api_key="live", max_retries=0)
         work = Path(tempfile.mkdtemp(prefix=f"live-{arm.slug}-{seed}-"))
         try:
             record = run_task(client, task, work, arm.name, arm.request_field(), session, arm.oracle, self.o.agent)
-            _join_trace(record, self.out / "traces" / arm.slug / f"{safe_file_stem(session)}.jsonl")
+            _join_trace(record, trace)
             if self.o.keep_workspaces:
                 dest = self.out / "work" / arm.slug / str(seed)
                 dest.parent.mkdir(parents=True, exist_ok=True)
@@ -193,11 +199,26 @@ class Run:
         from .summary import summarize
 
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "tasks.jsonl").write_text("")
-        todo = list(enumerate(jobs(self.o.seeds, self.o.arms)))
+        done: set[tuple[str, int]] = set()
+        path = self.out / "tasks.jsonl"
+        if self.o.resume and path.exists():
+            names = {a.name for a in self.o.arms}
+            for line in path.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut by a kill
+                if rec.get("arm") in names and rec.get("seed") in self.o.seeds and (rec["arm"], rec["seed"]) not in done:
+                    done.add((rec["arm"], rec["seed"]))
+                    self.records.append(rec)
+            self.log(f"live: resuming, {len(done)} tasks already done")
+        path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+        self.done = len(self.records)
+        todo = [(i, job) for i, job in enumerate(jobs(self.o.seeds, self.o.arms)) if (job[1].name, job[0]) not in done]
         started = time.perf_counter()
         try:
-            self.start_servers()
+            if todo:
+                self.start_servers()
             lock = threading.Lock()
 
             def worker() -> None:
@@ -268,7 +289,8 @@ def run(args: argparse.Namespace) -> int:
                          temperature=args.temperature)
     summary = run_live(LiveOptions(arms=arms, seeds=seeds, kinds=kinds, out=out, adapter=args.adapter,
                                    model=args.model, concurrency=args.concurrency, agent=agent,
-                                   serve_args=list(args.serve_arg), keep_workspaces=args.keep_workspaces))
+                                   serve_args=list(args.serve_arg), keep_workspaces=args.keep_workspaces,
+                                   resume=args.resume))
     table = {arm: {"success": s["success_rate"], "ci95": s["success_ci95"],
                    "wall_s_median": s["wall_s_all"].get("median"), "net_s": s["totals"]["net_s"]}
              for arm, s in summary["per_arm"].items()}

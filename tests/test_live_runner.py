@@ -100,6 +100,29 @@ def test_arms_map_to_servers_and_requests() -> None:
     assert isinstance(parse_spec(arms["mistaken-jump:rate=0.3,base=oracle"].policies[0]).build().base, LiveOracleJump)
 
 
+def test_jobs_pair_seeds_and_rotate_arms() -> None:
+    from jumpahead.live.runner import jobs
+
+    arms = parse_live_arms("echo,jump")
+    order = [(seed, arm.name) for seed, arm in jobs([7, 8, 9], arms)]
+    assert order == [(7, "ordinary"), (7, "echo"), (7, "jump"), (8, "echo"), (8, "jump"), (8, "ordinary"),
+                     (9, "jump"), (9, "ordinary"), (9, "echo")]
+
+
+def test_resume_keeps_done_tasks_and_runs_none_twice(tmp_path) -> None:
+    from jumpahead.live.agent import AgentOptions
+    from jumpahead.live.runner import LiveOptions, run_live
+
+    arms = parse_live_arms("echo")
+    done = [dict(_rec(a.name, s, s == 1, 1.0 + s, [_turn(1.0, 0.1, 1.0, PLAIN, 11, 11)]), job=i)
+            for i, (s, a) in enumerate([(1, arms[0]), (1, arms[1]), (2, arms[1]), (2, arms[0])])]
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in done) + '{"cut')
+    summary = run_live(LiveOptions(arms=arms, seeds=[1, 2], out=tmp_path, quiet=True, resume=True,
+                                   agent=AgentOptions()))
+    assert len((tmp_path / "tasks.jsonl").read_text().splitlines()) == 4
+    assert summary["per_arm"]["echo"]["successes"] == 1 and summary["per_arm"]["echo"]["tasks"] == 2
+
+
 def test_cli_unknown_arm_and_kind(capsys) -> None:
     assert main(["live", "--arms", "ordinary,warp-drive", "--tasks", "1"]) == 2
     assert "unknown arm 'warp-drive'" in capsys.readouterr().err
