@@ -174,8 +174,15 @@ class Run:
         client = OpenAI(base_url=self.servers[arm.name].url + "/v1", api_key="live", max_retries=0)
         work = Path(tempfile.mkdtemp(prefix=f"live-{arm.slug}-{seed}-"))
         try:
-            record = run_task(client, task, work, arm.name, arm.request_field(), session, arm.oracle, self.o.agent)
-            _join_trace(record, trace)
+            try:
+                record = run_task(client, task, work, arm.name, arm.request_field(), session, arm.oracle,
+                                  self.o.agent)
+                _join_trace(record, trace)
+            except Exception as exc:  # the task is still accounted: a failure with its reason
+                from .agent import TaskRecord
+
+                record = TaskRecord(arm=arm.name, seed=seed, kind=task.kind, steps=task.steps, session=session,
+                                    status="error", error=f"runner: {type(exc).__name__}: {str(exc)[:300]}")
             if self.o.keep_workspaces:
                 dest = self.out / "work" / arm.slug / str(seed)
                 dest.parent.mkdir(parents=True, exist_ok=True)
