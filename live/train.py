@@ -1,0 +1,290 @@
+"""`jumpahead train-adapter`: teach the default model to act in the task world (LoRA).
+
+Trajectories from live/trajectories.py (train seeds; a few for validation) are written
+as mlx-lm chat JSONL (`train.jsonl`, `valid.jsonl`: `mlx_lm.lora --data DIR` reads them
+too) and trained with mlx-lm's own LoRA tooling: `linear_to_lora_layers` on the last
+`--num-layers` blocks of the default model, loaded in float32 the way the server loads
+it (jumpahead.engine.loader: OpenBLAS first, quantized weights expanded), and
+`mlx_lm.tuner.trainer.train`. The loss counts the assistant messages only (every one
+of a multi-turn trajectory, not just the last, as `--mask-prompt` would; the mistaken
+step of a recovery trajectory is not learned, only its repair): this module passes
+mlx-lm's `train` a batch iterator that carries a per-token mask.
+
+The result is an mlx-lm adapter folder (`adapters.safetensors`, `adapter_config.json`)
+that `jumpahead serve --adapter DIR` and `mlx_lm.load(..., adapter_path=DIR)` load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_ITERS = 600
+DEFAULT_TRAIN = 2400  # trajectories written (each is seen ~iters*batch/n times)
+DEFAULT_VALID = 48
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--iters", type=int, default=DEFAULT_ITERS, help=f"training steps (default: {DEFAULT_ITERS})")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="adapter folder to write (default: $JUMPAHEAD_HOME or ~/.cache/jumpahead, "
+                             "/adapters/smol-agent)")
+    parser.add_argument("--data", default=None, metavar="DIR",
+                        help="where to write train.jsonl/valid.jsonl (default: OUT/data)")
+    parser.add_argument("--n-train", type=int, default=DEFAULT_TRAIN, help="training trajectories")
+    parser.add_argument("--n-valid", type=int, default=DEFAULT_VALID, help="validation trajectories")
+    parser.add_argument("--batch-size", type=int, default=2)
+    parser.add_argument("--num-layers", type=int, default=12, help="blocks (from the top) that get LoRA")
+    parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--scale", type=float, default=20.0, help="LoRA scale (mlx-lm's default 20)")
+    parser.add_argument("--learning-rate", type=float, default=2e-4)
+    parser.add_argument("--max-seq-length", type=int, default=1024,
+                        help="tokens per trajectory kept (the system prompt with the tools is ~440)")
+    parser.add_argument("--steps-per-report", type=int, default=10)
+    parser.add_argument("--steps-per-eval", type=int, default=100)
+    parser.add_argument("--save-every", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default=None, metavar="PATH", help="base model (default: the embedded one)")
+
+
+def default_out() -> Path:
+    from jumpahead.engine.default_model import default_cache_dir
+
+    return default_cache_dir() / "adapters" / "smol-agent"
+
+
+# --- data -------------------------------------------------------------------------------
+
+
+def write_data(data_dir: Path, n_train: int, n_valid: int) -> tuple[int, int]:
+    """train.jsonl from the first n_train train seeds, valid.jsonl from the next n_valid."""
+    from .trajectories import generate, write_jsonl
+    from .world import split_seeds
+
+    seeds = split_seeds("train", n_train + n_valid)
+    a = write_jsonl(data_dir / "train.jsonl", generate(seeds[:n_train]))
+    b = write_jsonl(data_dir / "valid.jsonl", generate(seeds[n_train:]))
+    return a, b
+
+
+def _ids(tokenizer: Any, messages: list[dict], tools: list[dict] | None, **kwargs: Any) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, tools=tools, return_dict=False, **kwargs)
+    if hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
+
+
+def tokens_and_mask(tokenizer: Any, record: dict[str, Any]) -> tuple[list[int], list[bool]]:
+    """The rendered conversation's tokens and, per token, whether the loss counts it:
+    the tokens of each assistant message (after the template's `assistant` header, up
+    to its end-of-message token), except those listed in `no_loss`."""
+    messages, tools = record["messages"], record.get("tools")
+    skip = set(record.get("no_loss") or ())
+    ids = _ids(tokenizer, messages, tools)
+    mask = [False] * len(ids)
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant" or i in skip:
+            continue
+        start = len(_ids(tokenizer, messages[:i], tools, add_generation_prompt=True))
+        end = len(_ids(tokenizer, messages[: i + 1], tools))
+        if ids[:end] != _ids(tokenizer, messages[: i + 1], tools):
+            raise ValueError("the chat template does not render conversations prefix by prefix")
+        for t in range(start, min(end, len(ids))):
+            mask[t] = True
+    return ids, mask
+
+
+class MaskedChatDataset:
+    """Chat records as (tokens, mask) pairs, tokenized once when first read."""
+
+    def __init__(self, records: list[dict[str, Any]], tokenizer: Any) -> None:
+        self.records = records
+        self.tokenizer = tokenizer
+        self._cache: dict[int, tuple[list[int], list[bool]]] = {}
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, idx: int) -> tuple[list[int], list[bool]]:
+        if idx not in self._cache:
+            self._cache[idx] = tokens_and_mask(self.tokenizer, self.records[idx])
+        return self._cache[idx]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with Path(path).open() as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def iterate_masked_batches(dataset: MaskedChatDataset, batch_size: int, max_seq_length: int, loop: bool = False,
+                           seed: int | None = None, comm_group: Any = None):
+    """mlx-lm's iterate_batches, with a per-token loss mask instead of (offset, length)."""
+    import mlx.core as mx
+    import numpy as np
+
+    idx = sorted(range(len(dataset)), key=lambda i: len(dataset[i][0]))
+    if len(dataset) < batch_size:
+        raise ValueError(f"dataset has {len(dataset)} examples, fewer than batch_size={batch_size}")
+    batches = [idx[i: i + batch_size] for i in range(0, len(idx) - batch_size + 1, batch_size)]
+    rng = np.random.default_rng(seed)
+    while True:
+        for b in rng.permutation(len(batches)):
+            items = [dataset[j] for j in batches[b]]
+            longest = min(max(len(t) for t, _ in items), max_seq_length)
+            width = min(1 + 32 * ((longest + 31) // 32), max_seq_length)
+            tokens = np.zeros((len(items), width), np.int32)
+            mask = np.zeros((len(items), width), np.bool_)
+            for r, (t, m) in enumerate(items):
+                n = min(len(t), width)
+                tokens[r, :n] = t[:n]
+                mask[r, :n] = m[:n]
+            yield mx.array(tokens), mx.array(mask)
+        if not loop:
+            break
+
+
+def masked_loss(model: Any, batch: Any, mask: Any):
+    """Mean cross-entropy over the tokens the mask marks (targets are batch[:, 1:])."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    inputs, targets = batch[:, :-1], batch[:, 1:]
+    weights = mask[:, 1:].astype(mx.float32)
+    logits = model(inputs)
+    ce = nn.losses.cross_entropy(logits, targets) * weights
+    ntoks = weights.sum()
+    return ce.astype(mx.float32).sum() / mx.maximum(ntoks, 1.0), ntoks
+
+
+# --- training ---------------------------------------------------------------------------
+
+
+def adapter_config(args: argparse.Namespace, model_name: str, n_layers: int) -> dict[str, Any]:
+    """mlx-lm's adapter_config.json fields (load_adapters reads fine_tune_type,
+    num_layers, lora_parameters), plus what was trained."""
+    return {
+        "fine_tune_type": "lora",
+        "num_layers": min(args.num_layers, n_layers),
+        "lora_parameters": {"rank": args.rank, "scale": args.scale, "dropout": 0.0},
+        "model": model_name,
+        "iters": args.iters,
+        "batch_size": args.batch_size,
+        "learning_rate": args.learning_rate,
+        "max_seq_length": args.max_seq_length,
+        "n_train": args.n_train,
+        "seed": args.seed,
+        "trained_by": "jumpahead train-adapter (live/train.py)",
+    }
+
+
+class _Speed:
+    """A training callback that keeps mlx-lm's reports (tokens/s count loss tokens)."""
+
+    def __init__(self) -> None:
+        self.train: list[dict[str, Any]] = []
+        self.val: list[dict[str, Any]] = []
+
+    def on_train_loss_report(self, info: dict[str, Any]) -> None:
+        self.train.append(dict(info))
+
+    def on_val_loss_report(self, info: dict[str, Any]) -> None:
+        self.val.append(dict(info))
+
+
+def train_adapter(args: argparse.Namespace, progress=print) -> dict[str, Any]:
+    """Write the data, train, write the adapter folder; returns a summary."""
+    import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
+    import mlx.core as mx
+    import mlx.optimizers as optim
+    import numpy as np
+    from mlx_lm.tuner.trainer import TrainingArgs, train
+    from mlx_lm.tuner.utils import build_schedule, linear_to_lora_layers
+
+    from jumpahead.engine.loader import load_model
+
+    out = Path(args.out).expanduser() if args.out else default_out()
+    data_dir = Path(args.data).expanduser() if args.data else out / "data"
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    n_train, n_valid = write_data(data_dir, args.n_train, args.n_valid)
+    progress(f"wrote {n_train} train / {n_valid} valid trajectories to {data_dir} "
+             f"in {time.perf_counter() - t0:.1f}s")
+
+    mx.random.seed(args.seed)
+    model, tokenizer, info = load_model(args.model, progress=progress)
+    train_set = MaskedChatDataset(read_jsonl(data_dir / "train.jsonl"), tokenizer)
+    valid_set = MaskedChatDataset(read_jsonl(data_dir / "valid.jsonl"), tokenizer)
+    model.freeze()
+    config = adapter_config(args, info.name, info.n_layers)
+    linear_to_lora_layers(model, config["num_layers"], config["lora_parameters"])
+    from mlx.utils import tree_flatten
+
+    n_params = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
+    progress(f"LoRA rank {args.rank} on the last {config['num_layers']} of {info.n_layers} layers: "
+             f"{n_params / 1e6:.2f}M trainable parameters")
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+    warmup = min(20, max(args.iters // 10, 1))
+    schedule = build_schedule({"name": "cosine_decay", "warmup": warmup,
+                               "arguments": [args.learning_rate, max(args.iters, 1), args.learning_rate / 20]})
+    optimizer = optim.Adam(learning_rate=schedule)
+    tokens_seen = {"total": 0}
+    loops = {"n": 0}
+
+    def batches(dataset, batch_size, max_seq_length, loop=False, seed=None, comm_group=None):
+        for batch, mask in iterate_masked_batches(dataset, batch_size, max_seq_length, loop,
+                                                  seed=args.seed if loop else 0):
+            if loop:
+                tokens_seen["total"] += int(batch.shape[0] * batch.shape[1])
+                loops["n"] += 1
+            yield batch, mask
+
+    speed = _Speed()
+    targs = TrainingArgs(batch_size=args.batch_size, iters=args.iters, val_batches=-1,
+                         steps_per_report=args.steps_per_report, steps_per_eval=args.steps_per_eval,
+                         steps_per_save=args.save_every, max_seq_length=args.max_seq_length,
+                         adapter_file=str(out / "adapters.safetensors"))
+    t1 = time.perf_counter()
+    model.train()
+    train(model, optimizer, train_set, valid_set if len(valid_set) >= args.batch_size else None, targs,
+          loss=masked_loss, iterate_batches=batches, training_callback=speed)
+    seconds = time.perf_counter() - t1
+    for stale in out.glob("[0-9]*_adapters.safetensors"):  # mlx-lm's periodic checkpoints
+        stale.unlink()
+    val_s = sum(v.get("val_time", 0.0) for v in speed.val)
+    train_s = max(seconds - val_s, 1e-9)
+    summary = {
+        "out": str(out), "iters": args.iters, "seconds": round(seconds, 1),
+        "train_seconds": round(train_s, 1),
+        "iterations_per_s": round(args.iters / train_s, 4),
+        "tokens_per_s": round(tokens_seen["total"] / train_s, 1),  # all tokens of the padded batches
+        "loss_tokens_per_s": round(speed.train[-1]["tokens_per_second"], 1) if speed.train else None,
+        "train_loss": speed.train[-1]["train_loss"] if speed.train else None,
+        "val_loss": speed.val[-1]["val_loss"] if speed.val else None,
+        "adapter_bytes": (out / "adapters.safetensors").stat().st_size,
+    }
+    config["result"] = {k: summary[k] for k in ("train_loss", "val_loss", "tokens_per_s", "iterations_per_s",
+                                                "seconds")}
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return summary
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.iters < 1 or args.n_train < args.batch_size:
+        print("jumpahead: --iters must be >= 1 and --n-train >= --batch-size", file=sys.stderr)
+        return 2
+    summary = train_adapter(args, progress=lambda s: print(s, file=sys.stderr, flush=True))
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def copy_adapter(src: Path, dst: Path) -> None:
+    """Copy an adapter folder's two files (not its data) to `dst`."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in ("adapters.safetensors", "adapter_config.json"):
+        shutil.copy2(Path(src) / name, dst / name)

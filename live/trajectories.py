@@ -1,0 +1,278 @@
+"""Synthetic agent conversations for teaching the default model to act in the task world.
+
+Each trajectory is an OpenAI chat conversation: the system prompt, the task's prompt,
+then assistant turns that say in a sentence or two what they do (the content a later
+call copies is stated in a fenced block whose lead names its file: what the online jump
+policy reads, policies/jump_sources.py) and make one tool call, the tool's real result
+(every call is executed in a sandboxed workspace, and the finished workspace must pass
+the task's check), and a short final answer.
+
+The reasoning is plain text before the call, not a `<think>` block: the default model's
+template has no reasoning slot, so a `<think>` block would be parsed out as reasoning
+and dropped from the history the client sends back; plain text survives the round
+trip and the model sees the same history in training and in serving.
+
+Variants: `clean` (the ideal calls), `verify` (a write read back, found right),
+and recoveries, where a tool result shows a wrong or partial action and the next turn
+repairs it: `edit_miss` (edit_file old text not found), `write_typo` / `write_truncated`
+(read back after a write shows a misspelt or missing line), `wrong_path` (the write went
+to another file), `bad_command` (the command named a missing file).
+
+`write_jsonl` writes `{"messages": [...], "tools": [...]}` lines, the chat format
+mlx-lm's LoRA trainer reads (mlx_lm/tuner/datasets.py ChatDataset).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .sandbox import SYSTEM_PROMPT, TOOLS, run_tool, workspace
+from .world import Task, make_task
+
+VARIANTS: tuple[str, ...] = ("clean", "verify", "edit_miss", "write_typo", "write_truncated", "wrong_path",
+                             "bad_command")
+# share of each variant among the trajectories of a task kind (where it applies)
+RECOVERY_SHARE = 0.3
+VERIFY_SHARE = 0.1
+
+
+def applicable(task: Task) -> list[str]:
+    """The variants that make sense for `task`."""
+    names = {name for name, _ in task.ideal}
+    out = ["clean"]
+    if "write_file" in names:
+        out += ["verify", "write_typo", "wrong_path"]
+        if any(a["content"].count("\n") >= 2 for n, a in task.ideal if n == "write_file"):
+            out.append("write_truncated")
+    if "edit_file" in names:
+        out.append("edit_miss")
+    if task.kind == "run_command":
+        out.append("bad_command")
+    return out
+
+
+def choose_variant(task: Task, rng: random.Random) -> str:
+    options = applicable(task)
+    recoveries = [v for v in options if v not in ("clean", "verify")]
+    r = rng.random()
+    if recoveries and r < RECOVERY_SHARE:
+        return rng.choice(recoveries)
+    if "verify" in options and r < RECOVERY_SHARE + VERIFY_SHARE:
+        return "verify"
+    return "clean"
+
+
+# --- what the assistant says before a call ------------------------------------------------
+
+
+def fence(text: str) -> str:
+    """A fenced block of `text` (its final newline kept inside the fence)."""
+    body = text if text.endswith("\n") else text + "\n"
+    return f"```\n{body}```"
+
+
+def say(name: str, args: dict[str, Any]) -> str:
+    """The sentence(s) before a call: what it does, with any content it writes stated."""
+    if name == "write_file":
+        return f"I write {args['path']} with:\n{fence(args['content'])}"
+    if name == "edit_file":
+        old, new = args["old"], args["new"]
+        if "\n" in old or "\n" in new:
+            return f"In {args['path']} I replace\n{fence(old)}\nwith\n{fence(new)}"
+        return f"In {args['path']} I replace `{old}` with `{new}`."
+    if name == "read_file":
+        return f"I read {args['path']}."
+    return f"I run `{args['command']}`."
+
+
+# --- building a conversation ------------------------------------------------------------
+
+
+class _Recorder:
+    """Runs calls in a workspace and records the conversation."""
+
+    def __init__(self, task: Task, ws: Path) -> None:
+        self.ws = ws
+        self.messages: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": task.prompt},
+        ]
+        self.n = 0
+        self.mistakes: list[int] = []  # indices of assistant messages that carry a mistake
+
+    def call(self, name: str, args: dict[str, Any], text: str | None = None, mistake: bool = False) -> str:
+        self.n += 1
+        if mistake:  # the trainer does not learn this turn: only the recovery from it
+            self.mistakes.append(len(self.messages))
+        call_id = f"call_{self.n}"
+        self.messages.append({
+            "role": "assistant",
+            "content": say(name, args) if text is None else text,
+            "tool_calls": [{"id": call_id, "type": "function",
+                            "function": {"name": name, "arguments": json.dumps(args)}}],
+        })
+        result = run_tool(self.ws, name, args)
+        self.messages.append({"role": "tool", "tool_call_id": call_id, "name": name, "content": result})
+        return result
+
+    def answer(self, text: str) -> None:
+        self.messages.append({"role": "assistant", "content": text})
+
+
+def _misspell(rng: random.Random, content: str) -> tuple[str, str, str] | None:
+    """(bad content, bad line, good line): one word of one line with two letters swapped."""
+    lines = content.split("\n")
+    spots = [(i, j) for i, line in enumerate(lines) for j, w in enumerate(line.split(" "))
+             if len(w) >= 4 and w.isalpha()]
+    if not spots:
+        return None
+    i, j = rng.choice(spots)
+    words = lines[i].split(" ")
+    w = words[j]
+    k = rng.randrange(1, len(w) - 2)
+    words[j] = w[:k] + w[k + 1] + w[k] + w[k + 2:]
+    if words[j] == w:
+        return None
+    bad_lines = list(lines)
+    bad_lines[i] = " ".join(words)
+    return "\n".join(bad_lines), bad_lines[i], lines[i]
+
+
+def _wrong_old(rng: random.Random, old: str) -> str:
+    """Old text the model misremembered: other spacing or a dropped letter."""
+    if " = " in old:
+        return old.replace(" = ", "=", 1)
+    if "=" in old:
+        return old.replace("=", " = ", 1)
+    letters = [i for i, c in enumerate(old) if c.isalpha()]
+    i = rng.choice(letters[1:] or letters or [0])
+    return old[:i] + old[i + 1:] if len(old) > 1 else old + "x"
+
+
+def build(task: Task, variant: str = "clean", seed: int | None = None) -> dict[str, Any]:
+    """One trajectory of `task`: {"messages", "tools", "kind", "variant"}. Raises
+    ValueError when the variant does not apply or the result fails the task's check."""
+    if variant not in applicable(task):
+        raise ValueError(f"variant {variant!r} does not apply to a {task.kind} task")
+    rng = random.Random(f"traj:{task.seed}:{task.kind}:{variant}:{seed}")
+    with workspace(prefix="jumpahead-traj-") as ws:
+        task.setup(ws)
+        rec = _Recorder(task, ws)
+        answer = task.answer
+        # the step where the variant's mistake happens
+        targets = {"write_typo": "write_file", "write_truncated": "write_file", "wrong_path": "write_file",
+                   "verify": "write_file", "edit_miss": "edit_file", "bad_command": "bash"}
+        target = targets.get(variant)
+        candidates = [i for i, (n, a) in enumerate(task.ideal) if n == target
+                      and (variant != "write_truncated" or a["content"].count("\n") >= 2)]
+        at = rng.choice(candidates) if candidates else -1
+        read_paths: set[str] = set()
+        for i, (name, args) in enumerate(task.ideal):
+            if i != at:
+                rec.call(name, args)
+                if name == "read_file":
+                    read_paths.add(args["path"])
+                continue
+            _variant_step(rec, variant, name, args, rng, read_paths)
+        rec.answer(answer)
+        if not task.check(ws, answer):
+            raise ValueError(f"trajectory {variant} of {task.kind} seed {task.seed} fails its check")
+    return {"messages": rec.messages, "tools": TOOLS, "kind": task.kind, "variant": variant,
+            "mistakes": rec.mistakes}
+
+
+def _variant_step(rec: _Recorder, variant: str, name: str, args: dict[str, Any], rng: random.Random,
+                  read_paths: set[str]) -> None:
+    path = args.get("path", "")
+    if variant == "verify":
+        rec.call(name, args)
+        rec.call("read_file", {"path": path}, f"I read {path} back to check it.")
+        return
+    if variant == "write_typo":
+        spoiled = _misspell(rng, args["content"])
+        if spoiled is None:
+            raise ValueError("no word to misspell")
+        bad_content, bad_line, good_line = spoiled
+        rec.call(name, {**args, "content": bad_content}, mistake=True)
+        rec.call("read_file", {"path": path}, f"I read {path} back to check it.")
+        fix = {"path": path, "old": bad_line, "new": good_line}
+        rec.call("edit_file", fix, f"{path} has `{bad_line}` where it should say `{good_line}`. I fix it.")
+        return
+    if variant == "write_truncated":
+        lines = args["content"].rstrip("\n").split("\n")
+        cut = "".join(line + "\n" for line in lines[:-1])
+        rec.call(name, {**args, "content": cut}, mistake=True)
+        rec.call("read_file", {"path": path}, f"I read {path} back to check it.")
+        rec.call(name, args, f"The line `{lines[-1]}` is missing from {path}. I write the file again.\n"
+                             f"{say(name, args)}")
+        return
+    if variant == "wrong_path":
+        stem, dot, ext = path.rpartition("/")[2].partition(".")
+        wrong = path.replace(stem, stem[:-1] if len(stem) > 3 else stem + "s", 1)
+        rec.call(name, {**args, "path": wrong}, mistake=True)
+        rec.call(name, args, f"That went to {wrong}, but the task asks for {path}. "
+                             f"I write {path}.\n{say(name, args)}")
+        return
+    if variant == "edit_miss":
+        text = (rec.ws / path).read_text()
+        olds = [_wrong_old(rng, args["old"]) for _ in range(8)]
+        olds = [o for o in olds if o and o not in text]
+        if not olds:
+            raise ValueError("could not make a wrong old text")
+        wrong = {**args, "old": olds[0]}
+        rec.call(name, wrong, mistake=True)
+        if path not in read_paths:
+            rec.call("read_file", {"path": path}, f"The old text was not found. I read {path} to see its exact text.")
+            rec.call(name, args)
+        else:
+            rec.call(name, args, f"The old text was not found; the line in {path} is `{args['old']}`.\n"
+                                 f"{say(name, args)}")
+        return
+    if variant == "bad_command":
+        command = args["command"]
+        prog, _, file = command.partition(" ")
+        stem, dot, ext = file.partition(".")
+        bad = f"{prog} {stem[:-1]}{dot}{ext}"
+        rec.call(name, {"command": bad}, mistake=True)
+        rec.call(name, args, f"There is no file {stem[:-1]}{dot}{ext}; the task names {file}. "
+                             f"I run `{command}`.")
+        return
+    raise ValueError(f"unknown variant {variant!r}")
+
+
+def generate(seeds: Iterable[int]) -> list[dict[str, Any]]:
+    """One trajectory per seed, its variant drawn per seed (deterministic)."""
+    out = []
+    for seed in seeds:
+        task = make_task(seed)
+        rng = random.Random(f"variant:{seed}")
+        variant = choose_variant(task, rng)
+        try:
+            out.append(build(task, variant, seed))
+        except ValueError:
+            out.append(build(task, "clean", seed))
+    return out
+
+
+def training_record(trajectory: dict[str, Any]) -> dict[str, Any]:
+    """What the trainer reads: messages and tools (mlx-lm's chat format), plus
+    `no_loss`: the indices of assistant messages that make the mistake a recovery
+    repairs (jumpahead's trainer learns every other assistant message; mlx-lm's own
+    `mlx_lm.lora --data` ignores the key)."""
+    return {"messages": trajectory["messages"], "tools": trajectory["tools"],
+            "no_loss": list(trajectory.get("mistakes", []))}
+
+
+def write_jsonl(path: Path, trajectories: Iterable[dict[str, Any]]) -> int:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with path.open("w") as f:
+        for t in trajectories:
+            f.write(json.dumps(training_record(t)) + "\n")
+            n += 1
+    return n
