@@ -28,6 +28,15 @@ from .types import EngineError, GenerationRequest, TokenChunk
 log = logging.getLogger("jumpahead.engine")
 
 
+def _adapter_health(info: Any) -> dict[str, Any] | None:
+    """/health's account of a fused LoRA adapter (None: the base model)."""
+    path = getattr(info, "adapter", None)
+    if not path:
+        return None
+    return {"path": str(path), "name": path.rstrip("/").rsplit("/", 1)[-1],
+            "digest": getattr(info, "adapter_digest", None)}
+
+
 @dataclass
 class EngineConfig:
     max_batch: int = 8
@@ -94,11 +103,13 @@ class Engine:
         model: str | None = None,
         config: EngineConfig | None = None,
         progress: Callable[[str], None] = print,
+        adapter: str | None = None,
     ) -> "Engine":
-        """Load a model (None = the embedded default) and start the engine thread."""
+        """Load a model (None = the embedded default), with a LoRA adapter folder fused
+        in if given, and start the engine thread."""
         from .loader import load_model
 
-        m, tok, info = load_model(model, progress=progress)
+        m, tok, info = load_model(model, progress=progress, adapter=adapter)
         return cls(m, tok, info, config)
 
     def attach_draft(self, draft: Any) -> None:
@@ -116,10 +127,12 @@ class Engine:
 
         ssd = None
         if c.prefix_cache_ssd:
-            name = str(getattr(self.info, "name", None) or "model")
+            # an adapter fused into the weights is part of the model's identity
+            name = str(getattr(self.info, "cache_name", None) or getattr(self.info, "name", None) or "model")
+            digest = getattr(self.info, "adapter_digest", None)
             directory = c.prefix_cache_dir or default_cache_root() / model_dir_name(name)
             try:
-                fp = model_fingerprint(self.model, name)
+                fp = model_fingerprint(self.model, name, extra=f"adapter:{digest}" if digest else "")
                 ssd = SsdStore(directory, fp, name, c.prefix_cache_ssd_bytes,
                                max_pending_bytes=max(c.prefix_cache_ram_bytes, 256 << 20))
             except Exception as exc:  # never fail the engine over its cache
@@ -270,6 +283,7 @@ class Engine:
         return {
             "status": "ok" if self._thread.is_alive() else "engine thread stopped",
             "model": getattr(self.info, "name", None),
+            "adapter": _adapter_health(self.info),
             "device": str(mx.default_device()),
             "blas": blas_info(),
             "max_batch": self.config.max_batch,

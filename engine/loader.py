@@ -7,6 +7,7 @@ load. On Apple silicon (Metal) or CUDA the model is kept as stored.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Callable
@@ -40,6 +41,16 @@ class ModelInfo:
     has_thinking: bool = False
     quantization: dict | None = None  # {"group_size", "bits"} still active, if any
     load_s: float = 0.0
+    adapter: str | None = None  # a LoRA adapter folder fused into the weights at load
+    adapter_digest: str | None = None  # sha256 of its adapters.safetensors (first 16 hex)
+
+    @property
+    def cache_name(self) -> str:
+        """The model's identity for caches: its name, plus the adapter when one is fused
+        (cached KV of the base model must never serve the adapted one, or another adapter)."""
+        if not self.adapter:
+            return self.name
+        return f"{self.name}+{Path(self.adapter).name}-{self.adapter_digest or 'unknown'}"
 
 
 def cpu_only() -> bool:
@@ -52,10 +63,14 @@ def load_model(
     progress: Callable[[str], None] = print,
     *,
     dequantize: bool | None = None,
+    adapter: str | Path | None = None,
 ) -> tuple[nn.Module, TokenizerWrapper, ModelInfo]:
     """Load `model` (None: the default SmolLM2-135M-Instruct) with mlx-lm.
 
     `dequantize=None` decides by device: float32 on CPU-only MLX, as stored elsewhere.
+    `adapter`: an mlx-lm LoRA adapter folder (adapter_config.json, adapters.safetensors),
+    loaded with mlx-lm's `load_adapters` after the weights are in their serving dtype
+    and fused into them, so the adapted model runs as fast as the base.
     """
     t0 = time.perf_counter()
     if model is None:
@@ -80,6 +95,11 @@ def load_model(
             quantization = None
         net.set_dtype(mx.float32)
         mx.eval(net.parameters())
+    adapter_digest = None
+    if adapter is not None:
+        adapter = Path(adapter).expanduser()
+        progress(f"fusing adapter {adapter}")
+        adapter_digest = fuse_adapter(net, adapter)
 
     info = ModelInfo(
         name=name,
@@ -93,10 +113,32 @@ def load_model(
         has_thinking=bool(tokenizer.has_thinking),
         quantization=quantization if _has_quantized(net) else None,
         load_s=time.perf_counter() - t0,
+        adapter=str(adapter) if adapter is not None else None,
+        adapter_digest=adapter_digest,
     )
     progress(f"loaded {name}: {info.n_layers} layers, {info.dtype}"
              + (" (dequantized)" if dequantized else "") + f" in {info.load_s:.1f}s")
     return net, tokenizer, info
+
+
+def fuse_adapter(net: nn.Module, folder: Path) -> str:
+    """Load the LoRA adapter in `folder` into `net` (mlx-lm `load_adapters`) and fuse
+    its layers into plain ones; returns the digest of its weights file."""
+    from mlx.utils import tree_unflatten
+    from mlx_lm.tuner.utils import load_adapters
+
+    weights = Path(folder) / "adapters.safetensors"
+    if not (Path(folder) / "adapter_config.json").is_file() or not weights.is_file():
+        raise FileNotFoundError(f"{folder}: an adapter folder needs adapter_config.json and adapters.safetensors")
+    dtype = _dominant_dtype(net)
+    load_adapters(net, str(folder))
+    fused = [(name, m.fuse()) for name, m in net.named_modules() if hasattr(m, "fuse")]
+    if fused:
+        net.update_modules(tree_unflatten(fused))
+    if dtype == "float32":
+        net.set_dtype(mx.float32)
+    mx.eval(net.parameters())
+    return hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
 
 
 def quiet_length_warning(tokenizer: Any) -> None:

@@ -76,11 +76,12 @@ def model_dir_name(name: str) -> str:
     return safe[:120]
 
 
-def model_fingerprint(model: Any, name: str = "") -> str:
+def model_fingerprint(model: Any, name: str = "", extra: str = "") -> str:
     """Identity of the weights: parameter names, shapes, dtypes and samples of their values.
 
     Cheap (reads a few hundred values per sampled tensor), and a different checkpoint
-    or conversion of the same architecture gets a different fingerprint.
+    or conversion of the same architecture gets a different fingerprint. `extra` is
+    hashed too: what the samples may miss (a LoRA adapter fused into some layers).
     """
     from mlx.utils import tree_flatten
 
@@ -94,6 +95,8 @@ def model_fingerprint(model: Any, name: str = "") -> str:
         if sample.dtype == mx.bfloat16:
             sample = sample.astype(mx.float32)
         h.update(np.array(sample).tobytes())
+    if extra:
+        h.update(extra.encode())
     return h.hexdigest()[:32]
 
 

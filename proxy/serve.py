@@ -22,6 +22,9 @@ def _positive(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, metavar="PATH_OR_ID",
                         help="an mlx-lm model folder or hub id (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--adapter", default=None, metavar="NAME|DIR",
+                        help="a LoRA adapter fused into the model at load: an mlx-lm adapter folder, or "
+                             "'smol-agent' (shipped: teaches the default model the tools of jumpahead live)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to bind (default: 8000)")
     parser.add_argument("--max-batch", type=_positive, default=8, help="rows decoded together (default: 8)")
@@ -197,8 +200,17 @@ def run(args: argparse.Namespace) -> int:
     if script is not None:
         # A scripted turn goes in as one asserted slice where it fits: fewer, wider rounds.
         config.max_asserted = max(config.max_asserted, min(script.max_bytes() + 8, MAX_SCRIPT_SLICE))
+    adapter = None
+    if getattr(args, "adapter", None):
+        from jumpahead.live.adapter import resolve_adapter
+
+        try:
+            adapter = str(resolve_adapter(args.adapter))
+        except FileNotFoundError as exc:
+            print(f"jumpahead: {exc}", file=sys.stderr)
+            return 2
     try:
-        engine = Engine.load(args.model, config, progress=log.info)
+        engine = Engine.load(args.model, config, progress=log.info, adapter=adapter)
     except Exception as exc:
         print(f"jumpahead: cannot load model {args.model or '(default)'}: {type(exc).__name__}: {exc}",
               file=sys.stderr)
@@ -237,7 +249,8 @@ def run(args: argparse.Namespace) -> int:
 
         hooks.append(TraceRecorder.for_engine(trace_dir, engine, server={
             "methods": list(methods), "max_batch": args.max_batch, "objective": args.objective,
-            "script": getattr(args, "script", None), "draft_model": args.draft_model}))
+            "script": getattr(args, "script", None), "draft_model": args.draft_model,
+            "adapter": adapter}))
         log.info("recording traces in %s", trace_dir)
     try:
         app = create_app(engine, script=script, hooks=hooks, access=access,
