@@ -24,9 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-DEFAULT_ITERS = 600
-DEFAULT_TRAIN = 2400  # trajectories written (each is seen ~iters*batch/n times)
-DEFAULT_VALID = 48
+# Sized for under an hour at ~150 tokens/s (2 cores, OpenBLAS): a step of 2 trajectories
+# is ~1,400 tokens (each ~440 of system prompt and tools, ~250 of conversation).
+DEFAULT_ITERS = 350
+DEFAULT_TRAIN = 720  # trajectories written: each seen about once (iters * batch size)
+DEFAULT_VALID = 16
+DEFAULT_VAL_BATCHES = 8
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-seq-length", type=int, default=1024,
                         help="tokens per trajectory kept (the system prompt with the tools is ~440)")
     parser.add_argument("--steps-per-report", type=int, default=10)
-    parser.add_argument("--steps-per-eval", type=int, default=100)
+    parser.add_argument("--steps-per-eval", type=int, default=200)
+    parser.add_argument("--val-batches", type=int, default=DEFAULT_VAL_BATCHES,
+                        help="validation batches per evaluation (-1: all)")
     parser.add_argument("--save-every", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default=None, metavar="PATH", help="base model (default: the embedded one)")
@@ -245,7 +250,7 @@ def train_adapter(args: argparse.Namespace, progress=print) -> dict[str, Any]:
             yield batch, mask
 
     speed = _Speed()
-    targs = TrainingArgs(batch_size=args.batch_size, iters=args.iters, val_batches=-1,
+    targs = TrainingArgs(batch_size=args.batch_size, iters=args.iters, val_batches=args.val_batches,
                          steps_per_report=args.steps_per_report, steps_per_eval=args.steps_per_eval,
                          steps_per_save=args.save_every, max_seq_length=args.max_seq_length,
                          adapter_file=str(out / "adapters.safetensors"))
