@@ -1,7 +1,8 @@
 """`jumpahead bench proxy`: what upstream mode costs and what affinity buys.
 
 1. Added latency of the pass-through: the same chat request straight to an upstream and
-   through a front in upstream mode, interleaved pair by pair, streaming and not; time
+   through a front in upstream mode (`jumpahead serve --upstream`, its own process),
+   interleaved pair by pair, streaming and not; time
    to the first byte of the answer (streams: the first content event) and total. The
    figure is the median of the paired differences (front - direct).
 2. Prefix-cache hit rate of multi-turn sessions replayed through a front over two
@@ -29,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from .server_process import free_port, serve_app
+from .server_process import ServerProcess, free_port
 
 
 def _wait(url: str, proc: subprocess.Popen | None, timeout: float = 600.0) -> None:
@@ -74,20 +75,18 @@ def _upstreams(urls: list[str], max_batch: int) -> Iterator[list[str]]:
 
 
 @contextlib.contextmanager
-def _front(urls: list[str], tokenizer: Any, routing: str) -> Iterator[str]:
-    """The real app in upstream mode, served by uvicorn in a thread."""
-    from jumpahead.policies.runtime import PolicyHooks
-    from jumpahead.proxy.server import create_app
-    from jumpahead.proxy.upstream.engine import UpstreamConfig, UpstreamEngine, UpstreamHooks
-
-    engine = UpstreamEngine(UpstreamConfig(urls=urls, routing=routing), tokenizer)
-    engine.probe()
-    app = create_app(engine, hooks=[PolicyHooks([], tokenizer, engine.context_length), UpstreamHooks()])
-    try:
-        with serve_app(app) as url:
-            yield url
-    finally:
-        engine.close()
+def _front(urls: list[str], routing: str) -> Iterator[str]:
+    """A front as users run it: `jumpahead serve --upstream URL ...` in its own process
+    (in the bench's process it would share the GIL with the timing client and be
+    charged for the client's work)."""
+    with tempfile.TemporaryDirectory(prefix="jumpahead-bench-front-") as tmp:
+        args = [a for u in urls for a in ("--upstream", u)]
+        front = ServerProcess([*args, "--upstream-routing", routing, "--log-level", "warning"],
+                              os.path.join(tmp, "front.log"), start_timeout=600)
+        try:
+            yield front.url
+        finally:
+            front.stop()
 
 
 def _timed(client: httpx.Client, base: str, body: dict[str, Any]) -> tuple[float, float]:
@@ -155,14 +154,14 @@ def _session_turns(tag: str, turns: int) -> list[list[dict[str, Any]]]:
     return out
 
 
-def affinity(upstreams: list[str], tokenizer: Any, sessions: int, turns: int) -> dict[str, Any]:
+def affinity(upstreams: list[str], sessions: int, turns: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     tools = [{"type": "function", "function": {"name": "bash", "parameters": {
         "type": "object", "properties": {"command": {"type": "string"}}}}}]
     stamp = str(time.time_ns())
     for routing in ("affinity", "round-robin"):
         prompt = cached = 0
-        with _front(upstreams, tokenizer, routing) as front, httpx.Client(timeout=600) as client:
+        with _front(upstreams, routing) as front, httpx.Client(timeout=600) as client:
             convs = {f"{routing}-{stamp}-{s}": _session_turns(f"{routing}-{stamp}-{s}", turns) for s in range(sessions)}
             for k in range(turns):  # sessions interleaved turn by turn, as concurrent agents would be
                 for sid, conv in convs.items():
@@ -203,17 +202,14 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
 
-    from jumpahead.traces.analysis import load_tokenizer
-
-    tokenizer = load_tokenizer()
     result: dict[str, Any] = {"bench": "proxy"}
     with _upstreams([u.removesuffix("/").removesuffix("/v1") for u in args.upstream], args.max_batch) as ups:
         result["upstreams"] = ups
-        with _front(ups[:1], tokenizer, "affinity") as front:
+        with _front(ups[:1], "affinity") as front:
             result["latency"] = latency(ups[0], front, args.repeats, args.max_tokens)
         print(json.dumps({"latency": result["latency"]}), file=sys.stderr)  # a partial result, in case
         if not args.skip_affinity:
-            result["prefix_cache"] = affinity(ups[:2], tokenizer, args.sessions, args.turns)
+            result["prefix_cache"] = affinity(ups[:2], args.sessions, args.turns)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

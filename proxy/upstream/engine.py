@@ -361,11 +361,17 @@ class _Run:
                     finish = "length"
                     break
             body = chat_body(self.turn, self.e.model, prefix=prefix, max_tokens=budget)
+            whole = not self.turn.stream and not self.proposers
+            if whole:  # nothing watches the tokens as they come: the upstream's plain answer,
+                # which engines send sooner than the same answer as SSE events
+                body["stream"] = False
+                body.pop("stream_options", None)
             replica, response = await self.e._open(body, self.session, replica)
             self.requests += 1
             jump: Proposal | None = None
             try:
-                async for kind, data in _sse_events(response, replica.url):
+                events = _whole_answer(response, replica.url) if whole else _sse_events(response, replica.url)
+                async for kind, data in events:
                     if kind == "usage":
                         self._usage(data)
                         continue
@@ -439,6 +445,30 @@ class _Run:
             details = usage.get("prompt_tokens_details") or {}
             self.cached_tokens = int((details.get("cached_tokens") if isinstance(details, dict) else 0) or 0)
         self.upstream_completion += int(usage.get("completion_tokens") or 0)
+
+
+async def _whole_answer(response: httpx.Response, url: str) -> AsyncIterator[tuple[str, Any]]:
+    """The events of a non-streamed chat completion, as _sse_events yields them."""
+    raw = await response.aread()
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise APIError(f"upstream {url} sent an answer that is not JSON: {raw[:200]!r}", status=502,
+                       type="server_error", code="upstream_error") from None
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise APIError(f"upstream {url} sent an answer without choices: {raw[:200]!r}", status=502,
+                       type="server_error", code="upstream_error")
+    if isinstance(body.get("usage"), dict):
+        yield "usage", body["usage"]
+    message = choices[0].get("message")
+    if isinstance(message, dict):
+        calls = message.get("tool_calls")
+        if isinstance(calls, list):  # a whole call reads as one delta of its own index
+            message = {**message, "tool_calls": [{**c, "index": i} for i, c in enumerate(calls) if isinstance(c, dict)]}
+        yield "delta", message
+    reason = choices[0].get("finish_reason")
+    yield "finish", "length" if reason == "length" else "stop"
 
 
 async def _sse_events(response: httpx.Response, url: str) -> AsyncIterator[tuple[str, Any]]:
