@@ -24,10 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-# Sized for under an hour at ~150 tokens/s (2 cores, OpenBLAS): a step of 2 trajectories
-# is ~1,400 tokens (each ~440 of system prompt and tools, ~250 of conversation).
-DEFAULT_ITERS = 350
-DEFAULT_TRAIN = 720  # trajectories written: each seen about once (iters * batch size)
+# Sized for under an hour on 2 cores (OpenBLAS): a step of 2 trajectories is ~1,400
+# tokens (each ~440 of system prompt and tools, ~250 of conversation); measured 115
+# tokens/s steady (12.5 s a step) with one other process busy, OPENBLAS_NUM_THREADS=1:
+# 240 steps ~50 min plus validation; ~40 min at the issue's 150 tokens/s.
+DEFAULT_ITERS = 240
+DEFAULT_TRAIN = 500  # trajectories written: each seen about once (iters * batch size)
 DEFAULT_VALID = 16
 DEFAULT_VAL_BATCHES = 8
 
@@ -45,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-layers", type=int, default=12, help="blocks (from the top) that get LoRA")
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--scale", type=float, default=20.0, help="LoRA scale (mlx-lm's default 20)")
-    parser.add_argument("--learning-rate", type=float, default=2e-4)
+    parser.add_argument("--learning-rate", type=float, default=1e-4,
+                        help="peak of the warmup + cosine schedule (default: 1e-4)")
     parser.add_argument("--max-seq-length", type=int, default=1024,
                         help="tokens per trajectory kept (the system prompt with the tools is ~440)")
     parser.add_argument("--steps-per-report", type=int, default=10)
@@ -153,17 +156,41 @@ def iterate_masked_batches(dataset: MaskedChatDataset, batch_size: int, max_seq_
             break
 
 
-def masked_loss(model: Any, batch: Any, mask: Any):
-    """Mean cross-entropy over the tokens the mask marks (targets are batch[:, 1:])."""
+def masked_loss(model: Any, batch: Any, mask: Any, start: int = 0):
+    """Mean cross-entropy over the tokens the mask marks (targets are batch[:, 1:]).
+
+    `start`: no target before this position is marked in any batch (the shared system
+    prompt and tools), so the output head and the softmax run only from there on."""
     import mlx.core as mx
     import mlx.nn as nn
 
     inputs, targets = batch[:, :-1], batch[:, 1:]
-    weights = mask[:, 1:].astype(mx.float32)
-    logits = model(inputs)
-    ce = nn.losses.cross_entropy(logits, targets) * weights
+    start = max(0, min(start, inputs.shape[1] - 1))
+    weights = mask[:, 1 + start:].astype(mx.float32)
+    logits = _logits_from(model, inputs, start)
+    ce = nn.losses.cross_entropy(logits, targets[:, start:]) * weights
     ntoks = weights.sum()
     return ce.astype(mx.float32).sum() / mx.maximum(ntoks, 1.0), ntoks
+
+
+def _logits_from(model: Any, inputs: Any, start: int) -> Any:
+    """The model's logits at positions start.. (the head runs only there where the
+    model is an mlx-lm `Model` with a `.model` trunk and a tied or separate head)."""
+    trunk, args = getattr(model, "model", None), getattr(model, "args", None)
+    if start == 0 or trunk is None or args is None:
+        return model(inputs)[:, start:]
+    if getattr(args, "tie_word_embeddings", False) and hasattr(trunk, "embed_tokens"):
+        return trunk.embed_tokens.as_linear(trunk(inputs)[:, start:])
+    head = getattr(model, "lm_head", None)
+    if head is None:
+        return model(inputs)[:, start:]
+    return head(trunk(inputs)[:, start:])
+
+
+def first_trained_target(*datasets: MaskedChatDataset) -> int:
+    """The first target position (index into batch[:, 1:]) any record trains."""
+    firsts = [m.index(True) - 1 for d in datasets for i in range(len(d)) for m in [d[i][1]] if True in m]
+    return max(0, min(firsts, default=0))
 
 
 # --- training ---------------------------------------------------------------------------
@@ -239,14 +266,14 @@ def train_adapter(args: argparse.Namespace, progress=print) -> dict[str, Any]:
                                "arguments": [args.learning_rate, max(args.iters, 1), args.learning_rate / 20]})
     optimizer = optim.Adam(learning_rate=schedule)
     tokens_seen = {"total": 0}
-    loops = {"n": 0}
+    loops: dict[str, list] = {"stamps": []}  # (time a step's batch was taken, its tokens)
 
     def batches(dataset, batch_size, max_seq_length, loop=False, seed=None, comm_group=None):
         for batch, mask in iterate_masked_batches(dataset, batch_size, max_seq_length, loop,
                                                   seed=args.seed if loop else 0):
             if loop:
                 tokens_seen["total"] += int(batch.shape[0] * batch.shape[1])
-                loops["n"] += 1
+                loops["stamps"].append((time.perf_counter(), int(batch.shape[0] * batch.shape[1])))
             yield batch, mask
 
     speed = _Speed()
@@ -256,8 +283,14 @@ def train_adapter(args: argparse.Namespace, progress=print) -> dict[str, Any]:
                          adapter_file=str(out / "adapters.safetensors"))
     t1 = time.perf_counter()
     model.train()
+    start = first_trained_target(train_set, valid_set)  # tokenizes every record once
+    progress(f"loss from target position {start} on (the shared prompt before it is never trained)")
+
+    def loss(model, batch, mask):
+        return masked_loss(model, batch, mask, start)
+
     train(model, optimizer, train_set, valid_set if len(valid_set) >= args.batch_size else None, targs,
-          loss=masked_loss, iterate_batches=batches, training_callback=speed)
+          loss=loss, iterate_batches=batches, training_callback=speed)
     seconds = time.perf_counter() - t1
     for stale in out.glob("[0-9]*_adapters.safetensors"):  # mlx-lm's periodic checkpoints
         stale.unlink()
@@ -268,6 +301,8 @@ def train_adapter(args: argparse.Namespace, progress=print) -> dict[str, Any]:
         "train_seconds": round(train_s, 1),
         "iterations_per_s": round(args.iters / train_s, 4),
         "tokens_per_s": round(tokens_seen["total"] / train_s, 1),  # all tokens of the padded batches
+        # steady state: the median step after the first few (compilation, validation)
+        "steady_tokens_per_s": _steady_rate(loops["stamps"]),
         "loss_tokens_per_s": round(speed.train[-1]["tokens_per_second"], 1) if speed.train else None,
         "train_loss": speed.train[-1]["train_loss"] if speed.train else None,
         "val_loss": speed.val[-1]["val_loss"] if speed.val else None,
@@ -277,6 +312,13 @@ def train_adapter(args: argparse.Namespace, progress=print) -> dict[str, Any]:
                                                 "seconds")}
     (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return summary
+
+
+def _steady_rate(stamps: list[tuple[float, int]]) -> float | None:
+    """Median tokens/s of the steps after the second (each step: from taking its batch
+    to taking the next; a step with a validation pass in it is an outlier the median drops)."""
+    rates = sorted(n / (t1 - t0) for (t0, n), (t1, _) in zip(stamps[2:], stamps[3:]) if t1 > t0)
+    return round(rates[len(rates) // 2], 1) if rates else None
 
 
 def run(args: argparse.Namespace) -> int:
