@@ -462,6 +462,45 @@ def test_mlx_lm_server_upstream_through_the_cli(mlx_server, scratch) -> None:
 # --- two replicas: affinity, then one killed mid-run (last: it kills a module replica) -------
 
 
+def test_metrics_has_per_replica_series_that_agree_with_the_json_report(replicas, tokenizer) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    urls = [r["url"] for r in replicas]
+    with front(urls, tokenizer) as (url, eng):
+        sids: dict[int, str] = {}
+        k = 0
+        while len(sids) < 2:  # one session homed on each replica
+            sids.setdefault(eng.replicas.home(f"metrics-{k}"), f"metrics-{k}")
+            k += 1
+        for sid in sids.values():
+            r = httpx.post(f"{url}/v1/chat/completions", headers={"x-session-id": sid}, timeout=600, json={
+                "model": "m", "messages": [{"role": "user", "content": "Say ok."}], "max_tokens": 2,
+                "temperature": 0})
+            assert r.status_code == 200, r.text
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+        report = httpx.get(f"{url}/metrics.json", timeout=10).json()["engine"]["upstream"]["replicas"]
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    prefix = "jumpahead_engine_upstream_replica_"
+    assert {n: families[prefix + n].type for n in (
+        "in_flight_requests", "requests", "errors", "failovers", "healthy", "sessions", "time_to_first_byte_seconds")} == {
+        "in_flight_requests": "gauge", "requests": "counter", "errors": "counter", "failovers": "counter",
+        "healthy": "gauge", "sessions": "gauge", "time_to_first_byte_seconds": "summary"}
+    samples = {(s.name, s.labels["replica"]): s.value
+               for f in families.values() if f.name.startswith(prefix) for s in f.samples}
+    assert [r["url"] for r in report] == [u + "/v1" for u in urls]
+    for r in report:  # the text and the JSON are one snapshot, and match what was sent
+        label = r["url"]
+        assert samples[(prefix + "requests_total", label)] == r["requests"] == 1
+        assert samples[(prefix + "errors_total", label)] == r["errors"] == 0
+        assert samples[(prefix + "failovers_total", label)] == r["failovers"] == 0
+        assert samples[(prefix + "in_flight_requests", label)] == r["in_flight"] == 0
+        assert samples[(prefix + "healthy", label)] == 1 and r["healthy"] is True
+        assert samples[(prefix + "sessions", label)] == r["sessions"] == 1
+        assert samples[(prefix + "time_to_first_byte_seconds_count", label)] == r["ttfb_count"] == 1
+        ttfb = samples[(prefix + "time_to_first_byte_seconds_sum", label)]
+        assert ttfb > 0 and abs(ttfb * 1000 - r["ttfb_ms_mean"]) < 0.01
+
+
 def test_sessions_stay_on_their_replica_and_a_killed_replica_costs_only_its_in_flight(replicas, tokenizer) -> None:
     urls = [r["url"] for r in replicas]
     with front(urls, tokenizer) as (url, eng):

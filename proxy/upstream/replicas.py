@@ -53,6 +53,8 @@ class Replica:
             "failovers": self.failovers,
             "sessions": len(self.sessions),
             "ttfb_ms_mean": round(self.ttfb_s / self.ttfb_n * 1000, 3) if self.ttfb_n else None,
+            "ttfb_count": self.ttfb_n,  # responses timed (the upstream's status line and headers)
+            "ttfb_s_sum": round(self.ttfb_s, 6),
             "last_error": self.last_error,
             "last_error_age_s": None if self.last_error_at is None else round(time.time() - self.last_error_at, 1),
         }
