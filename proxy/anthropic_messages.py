@@ -235,6 +235,20 @@ def _tool_choice(value: Any, tools: list[Tool]) -> ToolChoice:
     raise invalid_request(f"tool_choice.type must be auto, any, tool or none, got {kind!r}", param="tool_choice.type")
 
 
+def _parallel_tool_calls(value: Any) -> bool | None:
+    """`tool_choice.disable_parallel_tool_use` as OpenAI's `parallel_tool_calls` (its
+    negation; None when not given): true makes a forced call exactly one call."""
+    if not isinstance(value, dict):
+        return None  # _tool_choice has rejected anything else
+    disable = value.get("disable_parallel_tool_use")
+    if disable is None:
+        return None
+    if not isinstance(disable, bool):
+        raise invalid_request(f"tool_choice.disable_parallel_tool_use must be a boolean, got {type(disable).__name__}",
+                              param="tool_choice.disable_parallel_tool_use")
+    return not disable
+
+
 def _thinking(value: Any) -> bool | None:
     if not isinstance(value, dict):
         return None
@@ -294,10 +308,14 @@ def parse_messages_request(body: Any, *, for_counting: bool = False, signer: Sig
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise invalid_request(f"model must be a string, got {type(model).__name__}", param="model")
+    tool_choice = _tool_choice(body.get("tool_choice"), tools)
+    parallel = _parallel_tool_calls(body.get("tool_choice"))
+    if parallel is not None:
+        extra["parallel_tool_calls"] = parallel  # as chat's field: strict fill's grammar, the upstream body
     return Turn(
         messages=messages,
         tools=tools,
-        tool_choice=_tool_choice(body.get("tool_choice"), tools),
+        tool_choice=tool_choice,
         sampling=sampling,
         max_tokens=max_tokens,
         stop=_stop_sequences(body.get("stop_sequences")),

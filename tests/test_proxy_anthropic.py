@@ -89,12 +89,25 @@ def test_blocks_tools_and_choices():
     ({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "tool", "name": "nope"}},
      "tool_choice.name"),
     ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
+    ({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "any", "disable_parallel_tool_use": 1}},
+     "tool_choice.disable_parallel_tool_use"),
 ])
 def test_bad_bodies_are_400_naming_the_field(body, param):
     with pytest.raises(APIError) as exc:
         parse_messages_request(body)
     assert exc.value.status == 400 and exc.value.param == param
     assert exc.value.anthropic_body()["error"]["type"] == "invalid_request_error"
+
+
+def test_disable_parallel_tool_use_is_parallel_tool_calls_negated():
+    body = {"messages": [{"role": "user", "content": "x"}],
+            "tools": [{"name": "read", "input_schema": {"type": "object"}}]}
+    for choice, expected in [({"type": "any", "disable_parallel_tool_use": True}, False),
+                             ({"type": "auto", "disable_parallel_tool_use": True}, False),
+                             ({"type": "tool", "name": "read", "disable_parallel_tool_use": False}, True)]:
+        assert parse_messages_request({**body, "tool_choice": choice}).extra["parallel_tool_calls"] is expected
+    for choice in (None, {"type": "any"}, {"type": "any", "disable_parallel_tool_use": None}):
+        assert "parallel_tool_calls" not in parse_messages_request({**body, "tool_choice": choice}).extra
 
 
 def test_message_object():

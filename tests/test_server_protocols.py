@@ -177,6 +177,44 @@ def test_anthropic_non_streaming_stop_sequence_count_tokens_and_model_generation
         assert msg.stop_reason in ("max_tokens", "end_turn") and 0 < msg.usage.output_tokens <= 3
 
 
+TWO_TOOLS = [
+    {"name": "get_weather", "description": "The current weather in a city.",
+     "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+    {"name": "add", "description": "Add two integers.",
+     "input_schema": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                      "required": ["a", "b"]}}]
+
+
+def test_anthropic_disable_parallel_tool_use_answers_with_one_tool_use(engine):
+    from jumpahead.proxy.anthropic_messages import parse_messages_request
+    from jumpahead.proxy.runner import strict_fill_fields
+
+    messages = [{"role": "user", "content": "What is the weather in Paris? And what is 2 + 3?"}]
+    body = {"model": "m", "max_tokens": 160, "messages": messages, "tools": TWO_TOOLS}
+
+    def grammar(choice: dict) -> dict:
+        turn = parse_messages_request({**body, "tool_choice": choice})
+        spec, _ = strict_fill_fields(engine.tokenizer, turn, turn.tools, False)
+        assert spec is not None and spec["type"] == "tool_calls"
+        return spec
+
+    # the same mechanism as chat's parallel_tool_calls: allowed, the grammar takes one call or more
+    assert grammar({"type": "any", "disable_parallel_tool_use": False})["parallel"] is True
+    assert grammar({"type": "any", "disable_parallel_tool_use": True})["parallel"] is False
+    with serve(engine) as url:
+        client = anthropic.Anthropic(base_url=url, api_key="dummy", max_retries=0, timeout=600)
+        msg = client.messages.create(**body, tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                                     extra_body={"temperature": 0})
+        uses = [b for b in msg.content if b.type == "tool_use"]
+        assert msg.stop_reason == "tool_use" and len(uses) == 1, msg
+        assert uses[0].name in ("get_weather", "add")
+        r = httpx.post(f"{url}/v1/messages", timeout=30, json={
+            **body, "tool_choice": {"type": "any", "disable_parallel_tool_use": "yes"}})
+        assert r.status_code == 400 and r.json()["type"] == "error", r.text
+        assert r.json()["error"]["type"] == "invalid_request_error"
+        assert "disable_parallel_tool_use" in r.json()["error"]["message"]
+
+
 # --- Responses details ---------------------------------------------------------------
 
 

@@ -216,6 +216,19 @@ def test_structured_deltas_become_model_text_the_parser_reads_back(tokenizer) ->
     assert rest == 'es.txt"}}\n</tool_call>' and raw.mismatches == 0
 
 
+def test_anthropic_disable_parallel_tool_use_is_sent_as_parallel_tool_calls() -> None:
+    from jumpahead.proxy.anthropic_messages import parse_messages_request
+    from jumpahead.proxy.upstream.translate import chat_body
+
+    body = {"messages": ASK, "max_tokens": 8, "tools": [{"name": "read", "input_schema": READ_TOOL["function"]["parameters"]}]}
+    sent = chat_body(parse_messages_request({**body, "tool_choice": {"type": "any", "disable_parallel_tool_use": True}}), "m")
+    assert (sent["tool_choice"], sent["parallel_tool_calls"]) == ("required", False)
+    sent = chat_body(parse_messages_request({**body, "tool_choice": {"type": "auto", "disable_parallel_tool_use": False}}), "m")
+    assert (sent["tool_choice"], sent["parallel_tool_calls"]) == ("auto", True)
+    for choice in ({"type": "any"}, {"type": "none", "disable_parallel_tool_use": True}):  # not given / no tools sent
+        assert "parallel_tool_calls" not in chat_body(parse_messages_request({**body, "tool_choice": choice}), "m")
+
+
 # --- errors ------------------------------------------------------------------------------
 
 
@@ -294,10 +307,10 @@ def test_three_protocols_with_tool_calls_pass_through(replicas, tokenizer) -> No
         assert _args(pieces[0]["args"]) == _args(call.function.arguments)  # greedy: same call streamed
 
         ac = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0, default_headers={"x-session-id": session})
-        akw = dict(model="m", max_tokens=64, messages=ASK, tool_choice={"type": "any"}, extra_body={"temperature": 0},
-                   tools=[{"name": "read", "description": "Read a file.",
-                           "input_schema": READ_TOOL["function"]["parameters"]}])
-        msg = ac.messages.create(**akw)  # Anthropic has no parallel_tool_calls: one call or more
+        akw = dict(model="m", max_tokens=64, messages=ASK, tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                   extra_body={"temperature": 0}, tools=[{"name": "read", "description": "Read a file.",
+                                                          "input_schema": READ_TOOL["function"]["parameters"]}])
+        msg = ac.messages.create(**akw)  # disable_parallel_tool_use goes upstream as parallel_tool_calls: false
         use = [b for b in msg.content if b.type == "tool_use"]
         assert msg.stop_reason in ("tool_use", "max_tokens")
         assert use[0].name == "read" and use[0].input == _args(call.function.arguments)
@@ -321,6 +334,7 @@ def test_three_protocols_with_tool_calls_pass_through(replicas, tokenizer) -> No
     # all six went to the upstream as chat completions with the tool
     got = _turns(up["traces"], session)
     assert len(got) == 6 and all(t["request"]["body"]["tools"][0]["function"]["name"] == "read" for t in got)
+    assert all(t["request"]["body"]["parallel_tool_calls"] is False for t in got)
 
 
 class JumpIntoPath(Policy):

@@ -92,7 +92,9 @@ def chat_body(turn: Turn, model: str | None, *, prefix: str | None = None,
         else:
             body["tool_choice"] = choice.mode
     for key in ("response_format", "reasoning_effort", "parallel_tool_calls"):
-        if turn.extra.get(key) is not None:
+        # parallel_tool_calls: chat's own, or Anthropic's tool_choice.disable_parallel_tool_use
+        # negated; only with tools (OpenAI rejects it without)
+        if turn.extra.get(key) is not None and (key != "parallel_tool_calls" or turn.tools_enabled):
             body[key] = turn.extra[key]
     if turn.thinking is not None:
         body["chat_template_kwargs"] = {"enable_thinking": bool(turn.thinking)}
