@@ -11,7 +11,8 @@ call whose rendering in the model's own layout continues what the model has writ
 the call so far (name, and the arguments already complete, in the model's order). From
 there `OracleJump.plan` runs unchanged: only content that already exists before the jump
 point (context or output, stretches of at least `min_chars`) is supplied, never further.
-No ideal call agrees with the call so far: no jump.
+Ideal calls the conversation already made (same name and arguments) are not offered
+again. No ideal call agrees with the call so far: no jump.
 
 `LiveMistakenJump` is `mistaken-jump` whose `base=oracle` is this live oracle.
 """
@@ -19,6 +20,7 @@ No ideal call agrees with the call so far: no jump.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from typing import Any
 
 from jumpahead.policies.api import BoundaryEvent, RequestContext
@@ -38,6 +40,31 @@ def oracle_calls(turn: Any) -> list[tuple[str, dict[str, Any]]]:
         if isinstance(item, dict) and isinstance(item.get("name"), str) and isinstance(item.get("arguments"), dict):
             out.append((item["name"], item["arguments"]))
     return out
+
+
+def _call_key(name: str, arguments: Any) -> tuple[str, str]:
+    return name, json.dumps(arguments, sort_keys=True)
+
+
+def calls_left(turn: Any, calls: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """The ideal calls the conversation has not made yet, in their order. Two ideal calls
+    may share a tool name and its first arguments (create_two_files: two write_file), so
+    an oracle offered every ideal call at every turn re-supplies the one already done."""
+    made: Counter[tuple[str, str]] = Counter()
+    for message in getattr(turn, "messages", []):
+        for call in getattr(message, "tool_calls", None) or []:
+            try:
+                made[_call_key(call.name, json.loads(call.arguments or "{}"))] += 1
+            except (TypeError, ValueError):
+                continue
+    left = []
+    for name, arguments in calls:
+        key = _call_key(name, arguments)
+        if made[key] > 0:
+            made[key] -= 1
+        else:
+            left.append((name, arguments))
+    return left
 
 
 def render_call(call_text: str, name: str, arguments: dict[str, Any], end: str) -> str | None:
@@ -65,7 +92,7 @@ class LiveOracleJump(OracleJump):
 
     def configure(self, ctx: RequestContext) -> None:
         super().configure(ctx)
-        self.calls = oracle_calls(ctx.turn)
+        self.calls = calls_left(ctx.turn, oracle_calls(ctx.turn))
         self.oracle = None
 
     def plan(self, event: BoundaryEvent) -> JumpPlan | None:

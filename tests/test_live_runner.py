@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from jumpahead.live.agent import ideal_calls
 from jumpahead.live.arms import parse_live_arms
 from jumpahead.live.oracle import render_call
 from jumpahead.live.summary import summarize, task_account, wilson
@@ -84,6 +85,29 @@ def test_live_oracle_renders_in_the_models_layout() -> None:
     assert compact == '{"name":"write_file","arguments":{"path":"a.txt","content":"x y\\n"}}\n</tool_call>'
     assert render_call('\n{"name": "bash"', "write_file", args, end) is None
     assert render_call('\n{"name": "write_file", "arguments": {"path": "b', "write_file", args, end) is None
+
+
+def test_live_oracle_offers_only_the_calls_not_made_yet() -> None:
+    """create_two_files: two write_file calls; after the first is made, the oracle must
+    offer the second (it once re-supplied the first, and the task failed)."""
+    from jumpahead.live.oracle import calls_left
+    from jumpahead.live.world import make_task
+    from jumpahead.proxy.openai_chat import parse_chat_request
+
+    task = make_task(1000007, "create_two_files")
+    ideal = [(c["name"], c["arguments"]) for c in ideal_calls(task)]
+    assert len(ideal) == 2 and ideal[0][0] == ideal[1][0] == "write_file"
+    first = ideal[0]
+    body = {"model": "m", "messages": [
+        {"role": "user", "content": task.prompt},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": first[0], "arguments": json.dumps(first[1])}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "Wrote 1 line."}]}
+    assert calls_left(parse_chat_request(body), ideal) == ideal[1:]
+    assert calls_left(parse_chat_request({"model": "m", "messages": body["messages"][:1]}), ideal) == ideal
+    # a call with other arguments is not the ideal one: both stay
+    body["messages"][1]["tool_calls"][0]["function"]["arguments"] = json.dumps({**first[1], "content": "wrong"})
+    assert calls_left(parse_chat_request(body), ideal) == ideal
 
 
 def test_arms_map_to_servers_and_requests() -> None:
