@@ -233,7 +233,6 @@ def train_adapter(args: argparse.Namespace, progress=print) -> dict[str, Any]:
     import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
     import mlx.core as mx
     import mlx.optimizers as optim
-    import numpy as np
     from mlx_lm.tuner.trainer import TrainingArgs, train
     from mlx_lm.tuner.utils import build_schedule, linear_to_lora_layers
 
