@@ -12,7 +12,10 @@ the call so far (name, and the arguments already complete, in the model's order)
 there `OracleJump.plan` runs unchanged: only content that already exists before the jump
 point (context or output, stretches of at least `min_chars`) is supplied, never further.
 Ideal calls the conversation already made (same name and arguments) are not offered
-again. No ideal call agrees with the call so far: no jump.
+again. Where several ideal calls fit, the one the model's text of this turn names last
+(a string argument such as the path, "I write notes/dragon.txt") is offered, else the
+first in the ideal order: the model settles which call it makes before it writes it. No
+ideal call agrees with the call so far: no jump.
 
 `LiveMistakenJump` is `mistaken-jump` whose `base=oracle` is this live oracle.
 """
@@ -67,6 +70,19 @@ def calls_left(turn: Any, calls: list[tuple[str, dict[str, Any]]]) -> list[tuple
     return left
 
 
+def named_last(head: str, candidates: list[tuple[str, dict[str, Any]]]) -> int:
+    """The index of the candidate whose string argument the text `head` mentions last
+    (its latest occurrence wins); 0 where the text names none of them."""
+    best, best_at = 0, -1
+    for i, (_, arguments) in enumerate(candidates):
+        for value in arguments.values():
+            if isinstance(value, str) and 3 <= len(value.strip()) <= 200:
+                at = head.rfind(value.strip())
+                if at > best_at:
+                    best, best_at = i, at
+    return best
+
+
 def render_call(call_text: str, name: str, arguments: dict[str, Any], end: str) -> str | None:
     """The call body (after the start marker) in the layout the model is writing:
     its leading whitespace and separators, the arguments it completed first in its own
@@ -101,12 +117,13 @@ class LiveOracleJump(OracleJump):
         if not self.calls or not call_text or not out.endswith(call_text):
             return None
         head = out[: len(out) - len(call_text)]
-        for name, arguments in self.calls:
-            body = render_call(call_text, name, arguments, self.end)
-            if body is not None:
-                self.oracle, self._ids = head + body, None
-                return super().plan(event)
-        return None
+        fits = [(name, arguments, body) for name, arguments in self.calls
+                if (body := render_call(call_text, name, arguments, self.end)) is not None]
+        if not fits:
+            return None
+        _, _, body = fits[named_last(head, [(n, a) for n, a, _ in fits])]
+        self.oracle, self._ids = head + body, None
+        return super().plan(event)
 
 
 class LiveMistakenJump(MistakenJump):

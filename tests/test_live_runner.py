@@ -110,6 +110,17 @@ def test_live_oracle_offers_only_the_calls_not_made_yet() -> None:
     assert calls_left(parse_chat_request(body), ideal) == ideal
 
 
+def test_live_oracle_prefers_the_call_the_model_names() -> None:
+    """Two write_file calls fit `{"name": "write_file"`: the oracle offers the one whose
+    path the model's reasoning names last, not the first in the ideal order."""
+    from jumpahead.live.oracle import named_last
+    calls = [("write_file", {"path": "notes/cat.txt", "content": "meow"}),
+             ("write_file", {"path": "notes/dragon.txt", "content": "roar"})]
+    assert named_last("I write notes/dragon.txt now.", calls) == 1
+    assert named_last("First notes/dragon.txt, then notes/cat.txt.", calls) == 0
+    assert named_last("I write the files.", calls) == 0
+
+
 def test_arms_map_to_servers_and_requests() -> None:
     arms = {a.name: a for a in parse_live_arms("echo,default+oracle-jump,mistaken-jump:rate=0.3,base=oracle")}
     assert list(arms)[0] == "ordinary" and arms["ordinary"].serve_args() == ["--methods", "none"]
