@@ -210,8 +210,27 @@ def _call_count(turn: Turn) -> int | None:
 
 async def prepare_turn_async(engine: Any, turn: Turn, script: Script | None = None, exchange: Exchange | None = None,
                              hooks: list[Any] | None = None) -> PreparedTurn:
-    """`prepare_turn` off the event loop (templates and tokenizing 100 KB take time)."""
+    """`prepare_turn` off the event loop (templates and tokenizing 100 KB take time);
+    a small turn inline, where the hand-off to a thread costs more than the work."""
+    if _turn_chars(turn) <= INLINE_PREPARE_CHARS:
+        return prepare_turn(engine, turn, script, exchange, hooks)
     return await asyncio.to_thread(prepare_turn, engine, turn, script, exchange, hooks)
+
+
+INLINE_PREPARE_CHARS = 8192  # rendering and tokenizing this much takes well under a millisecond
+
+
+def _turn_chars(turn: Turn) -> int:
+    """About how much text the turn renders (messages and tool schemas), cheaply."""
+    total = 0
+    for m in turn.messages:
+        total += len(m.content or "") + len(m.reasoning or "")
+        total += sum(len(c.arguments) + len(c.name) for c in m.tool_calls)
+        if total > INLINE_PREPARE_CHARS:
+            return total
+    for t in turn.tools:
+        total += len(t.description) + (len(repr(t.parameters)) if t.parameters else 0)
+    return total
 
 
 def _finish_reason(engine_reason: str | None, tool_calls: int) -> TurnFinish:

@@ -475,13 +475,14 @@ async def _sse_events(response: httpx.Response, url: str) -> AsyncIterator[tuple
     """("delta", delta) / ("finish", reason) / ("usage", usage) from an upstream stream;
     an error object in the stream raises a 502 with its message. A stream that ends
     without `[DONE]` and without a finish reason died mid-way."""
-    finished = False
+    finished = done = False
     async for line in response.aiter_lines():
-        if not line.startswith("data:"):
-            continue
+        if done or not line.startswith("data:"):
+            continue  # after [DONE]: read to the end, so the connection goes back to the pool
         payload = line[5:].strip()
         if payload == "[DONE]":
-            return
+            done = True
+            continue
         try:
             event = orjson.loads(payload)
         except orjson.JSONDecodeError:
@@ -504,7 +505,7 @@ async def _sse_events(response: httpx.Response, url: str) -> AsyncIterator[tuple
             if reason:
                 finished = True
                 yield "finish", "length" if reason == "length" else "stop"
-    if not finished:
+    if not finished and not done:
         raise APIError(f"upstream {url} closed the stream before the answer ended", status=502,
                        type="server_error", code="upstream_error")
 
