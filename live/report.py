@@ -27,7 +27,7 @@ def table(summary: dict[str, Any]) -> str:
     head = ("<tr><th>arm</th><th>tasks</th><th>success</th><th>95% CI</th><th>wall s median (all)</th>"
             "<th>wall s median (successes)</th><th>D s</th><th>P s</th><th>H s</th><th>R s</th><th>net s</th>"
             "<th>net s / task [95% CI]</th><th>model s saved / task [CI]</th><th>wall s saved / task [CI]</th>"
-            "<th>jumps</th><th>wrong</th><th>recovery freq.</th><th>cost / recovery s</th><th>break-even freq.</th></tr>")
+            "<th>jumps</th><th>wrong</th><th>recovered / unrecovered tasks</th><th>recovery freq.</th><th>cost / recovery s</th><th>break-even freq.</th></tr>")
     rows = []
     for arm, s in summary.get("per_arm", {}).items():
         t, rec = s.get("totals", {}), s.get("recovery", {})
@@ -38,7 +38,7 @@ def table(summary: dict[str, Any]) -> str:
             _fmt(t.get("D_s")), _fmt(t.get("P_s")), _fmt(t.get("H_s")), _fmt(t.get("R_s")), _fmt(t.get("net_s")),
             _ci(s.get("net_s_per_task", {})), _ci(s.get("model_s_saved_per_task", {})),
             _ci(s.get("wall_s_saved_per_task", {})), rec.get("jump_interventions"), rec.get("wrong"),
-            _fmt(rec.get("frequency")), _fmt(rec.get("cost_per_recovery_s")),
+            f"{rec.get('recovered_tasks', 0)} / {rec.get('unrecovered_tasks', 0)}", _fmt(rec.get("frequency")), _fmt(rec.get("cost_per_recovery_s")),
             _fmt(rec.get("breakeven_frequency")))) + "</tr>")
     return f"<table>{head}{''.join(rows)}</table>"
 

@@ -17,7 +17,9 @@ replay's (traces/replay.py), read off what a live turn's telemetry holds:
   (`mistaken ...`) or the call it went into returned an error; from the first turn with
   a wrong one, the model time (prefill + decode) of the arm's later turns less the
   ordinary arm's later turns on the same seed (replay charges what is decoded after a
-  divergence; live, the model itself decodes it).
+  divergence; live, the model itself decodes it). Where the wrong jump ends in a failed
+  task that the ordinary arm solved (unrecovered), R also carries the ordinary arm's
+  model time on that seed: the redo a user needs, so failing fast never saves time.
 
 Net saving per seed = D - P - H - R, with a paired bootstrap CI over seeds; measured
 paired differences of model time and wall time (ordinary - arm) beside it. Recovery
@@ -169,10 +171,16 @@ def task_account(rec: dict[str, Any], base: dict[str, Any] | None, plain_s: floa
                 if out["first_wrong_turn"] is None:
                     out["first_wrong_turn"] = i
     k = out["first_wrong_turn"]
+    out["unrecovered"] = False
     if k is not None:
         tail = sum(turn_model_s(t) for t in turns[k + 1:])
         base_tail = sum(turn_model_s(t) for t in (base or {}).get("turns", [])[k + 1:])
         out["R_s"] = tail - base_tail
+        if base is not None and base.get("success") and not rec.get("success"):
+            # a failure is not a saving: the task must be done again, charged at the
+            # ordinary arm's model time on this seed (the redo that reaches success)
+            out["unrecovered"] = True
+            out["R_s"] += sum(turn_model_s(t) for t in base.get("turns", []))
     out["net_s"] = out["D_s"] - out["P_s"] - out["H_s"] - out["R_s"]
     return {key: (round(v, 6) if isinstance(v, float) else v) for key, v in out.items()}
 
@@ -246,6 +254,7 @@ def _arm_summary(arm: str, recs: dict[int, dict[str, Any]], base: dict[int, dict
                      "frequency": round(n_wrong / jumps, 4) if jumps else None,
                      "tasks_with_wrong": sum(1 for a in acc.values() if a["wrong"]),
                      "recovered_tasks": sum(1 for s, a in acc.items() if a["wrong"] and recs[s]["success"]),
+                     "unrecovered_tasks": sum(1 for a in acc.values() if a.get("unrecovered")),
                      "cost_per_recovery_s": round(cost, 6) if cost is not None else None,
                      "cost_source": "this arm" if n_wrong else ("pooled over arms" if cost is not None else None),
                      "breakeven_frequency": round(breakeven, 4) if breakeven is not None else None},
@@ -261,7 +270,8 @@ NOTES = [
     "P = rounds carrying supplied tokens beyond plain_round_s, less their share of proposer time; H = proposer "
     "time + the arm's policies' on_request/on_result time (fit excluded)",
     "R: from the first turn with a wrong jump (perturbed label or an error result), the arm's later turns' model "
-    "time less the ordinary arm's later turns on the same seed",
+    "time less the ordinary arm's later turns on the same seed; a task the wrong jump made fail (the ordinary arm "
+    "solved it) is also charged the ordinary arm's model time on the seed (the redo)",
     "net_s = D - P - H - R; CIs are 95%: Wilson for success, paired percentile bootstrap over seeds otherwise",
     "breakeven_frequency = (D - P - H) / (jump interventions x cost per recovery)",
 ]

@@ -67,6 +67,22 @@ def test_summary_arithmetic_on_made_up_records() -> None:
     assert s["per_arm"]["ordinary"]["totals"]["D_s"] == 0
 
 
+def test_an_unrecovered_wrong_jump_is_charged_the_redo() -> None:
+    """A wrong jump that makes a task fail, where the ordinary arm solved it, costs the
+    redo (ordinary's model time on the seed): failing fast must not read as a saving."""
+    wrong = [{"boundary": "tool_name", "tokens": 10, "label": "mistaken truncated content 20 -> 3 chars | x"}]
+    records = [
+        _rec("ordinary", 1, True, 3.0, [_turn(1.5, 0.2, 1.0, PLAIN, 11, 11), _turn(1.5, 0.1, 1.0, PLAIN, 11, 11)]),
+        _rec("j", 1, False, 1.0, [_turn(1.0, 0.2, 0.15, JUMPED, 11, 2, 5.0, wrong)]),
+    ]
+    s = summarize(records, ["ordinary", "j"])
+    acc = s["accounts"]["j"][0]
+    # later turns: the arm none, ordinary 1.1 s; the redo: ordinary's 1.2 + 1.1 s
+    assert acc["unrecovered"] and acc["R_s"] == pytest.approx(-1.1 + 2.3)
+    assert acc["net_s"] < 0
+    assert s["per_arm"]["j"]["recovery"]["unrecovered_tasks"] == 1
+
+
 def test_wilson_bounds() -> None:
     assert wilson(0, 0) == (0.0, 1.0)
     lo, hi = wilson(8, 10)
