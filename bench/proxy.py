@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,14 +29,13 @@ from typing import Any
 
 import httpx
 
-from .server_process import ServerProcess, free_port
+from .server_process import ServerProcess, cpu_s_of
 
 
-def _wait(url: str, proc: subprocess.Popen | None, timeout: float = 600.0) -> None:
+def _wait(url: str, timeout: float) -> None:
+    """Until a running upstream answers /health."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"the upstream at {url} exited with {proc.returncode}")
         with contextlib.suppress(httpx.TransportError):
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                 return
@@ -49,33 +47,27 @@ def _wait(url: str, proc: subprocess.Popen | None, timeout: float = 600.0) -> No
 def _upstreams(urls: list[str], max_batch: int) -> Iterator[list[str]]:
     if urls:
         for u in urls:
-            _wait(u.removesuffix("/v1"), None, 30)
+            _wait(u.removesuffix("/v1"), 30)
         yield urls
         return
-    procs, out = [], []
-    tmp = tempfile.TemporaryDirectory(prefix="jumpahead-bench-proxy-")
-    try:
-        for k in range(2):
-            port = free_port()
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "jumpahead.proxy.cli", "serve", "--port", str(port), "--max-batch",
-                 str(max_batch), "--no-ssd-cache", "--prefix-cache-dir", os.path.join(tmp.name, f"cache{k}"),
-                 "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            out.append(f"http://127.0.0.1:{port}")
-        for u, p in zip(out, procs):
-            _wait(u, p)
-        yield out
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=20)
-        tmp.cleanup()
+    with tempfile.TemporaryDirectory(prefix="jumpahead-bench-proxy-") as tmp:
+        servers: list[ServerProcess] = []
+        try:
+            for k in range(2):
+                servers.append(ServerProcess(
+                    ["--max-batch", str(max_batch), "--no-ssd-cache", "--prefix-cache-dir",
+                     os.path.join(tmp, f"cache{k}"), "--log-level", "warning"],
+                    os.path.join(tmp, f"upstream{k}.log"), start_timeout=600, wait=False))
+            for server in servers:
+                server.wait_healthy(600)
+            yield [server.url for server in servers]
+        finally:
+            for server in servers:
+                server.stop()
 
 
 @contextlib.contextmanager
-def _front(urls: list[str], routing: str) -> Iterator[str]:
+def _front(urls: list[str], routing: str) -> Iterator[ServerProcess]:
     """A front as users run it: `jumpahead serve --upstream URL ...` in its own process
     (in the bench's process it would share the GIL with the timing client and be
     charged for the client's work)."""
@@ -84,7 +76,7 @@ def _front(urls: list[str], routing: str) -> Iterator[str]:
         front = ServerProcess([*args, "--upstream-routing", routing, "--log-level", "warning"],
                               os.path.join(tmp, "front.log"), start_timeout=600)
         try:
-            yield front.url
+            yield front
         finally:
             front.stop()
 
@@ -113,22 +105,30 @@ def _median_ms(values: list[float]) -> float:
     return round(statistics.median(values) * 1000, 3)
 
 
-def latency(direct: str, front: str, repeats: int, max_tokens: int) -> dict[str, Any]:
+def latency(direct: str, front_server: ServerProcess, repeats: int, max_tokens: int) -> dict[str, Any]:
+    """Paired latencies, and the front's CPU per request (user + system seconds of its
+    process over the measured requests: what the pass-through costs, which load from
+    other processes on the machine does not inflate the way it does wall time)."""
     out: dict[str, Any] = {}
+    front = front_server.url
     messages = [{"role": "user", "content": "Say hi."}]
     with httpx.Client(timeout=600) as client:
         for stream in (False, True):
             body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
             _timed(client, direct, body), _timed(client, front, body)  # warm: prefix cache, connections
             rows: dict[str, list[float]] = {k: [] for k in ("direct_ttfb", "front_ttfb", "direct_total", "front_total")}
+            cpu0 = cpu_s_of(front_server.pid)
             for i in range(repeats):
                 order = [("direct", direct), ("front", front)] if i % 2 == 0 else [("front", front), ("direct", direct)]
                 for name, base in order:
                     ttfb, total = _timed(client, base, body)
                     rows[f"{name}_ttfb"].append(ttfb)
                     rows[f"{name}_total"].append(total)
+            cpu1 = cpu_s_of(front_server.pid)
             key = "stream" if stream else "non_stream"
             out[key] = {
+                "front_cpu_ms_per_request": round((cpu1 - cpu0) * 1000 / repeats, 3)
+                if cpu0 is not None and cpu1 is not None else None,
                 **{f"{k}_median_ms": _median_ms(v) for k, v in rows.items()},
                 "added_ttfb_median_ms": _median_ms([f - d for f, d in zip(rows["front_ttfb"], rows["direct_ttfb"])]),
                 "added_total_median_ms": _median_ms([f - d for f, d in zip(rows["front_total"], rows["direct_total"])]),
@@ -161,7 +161,8 @@ def affinity(upstreams: list[str], sessions: int, turns: int) -> dict[str, Any]:
     stamp = str(time.time_ns())
     for routing in ("affinity", "round-robin"):
         prompt = cached = 0
-        with _front(upstreams, routing) as front, httpx.Client(timeout=600) as client:
+        with _front(upstreams, routing) as front_server, httpx.Client(timeout=600) as client:
+            front = front_server.url
             convs = {f"{routing}-{stamp}-{s}": _session_turns(f"{routing}-{stamp}-{s}", turns) for s in range(sessions)}
             for k in range(turns):  # sessions interleaved turn by turn, as concurrent agents would be
                 for sid, conv in convs.items():

@@ -39,6 +39,17 @@ def rss_of(pid: int) -> int | None:
         return None
 
 
+def cpu_s_of(pid: int) -> float | None:
+    """CPU seconds (user + system) a process has used (Linux /proc; None when unknown):
+    what a request costs a server, robust to other load on the machine, unlike wall time."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class ServeError(RuntimeError):
     pass
 

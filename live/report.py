@@ -43,6 +43,30 @@ def table(summary: dict[str, Any]) -> str:
     return f"<table>{head}{''.join(rows)}</table>"
 
 
+def markdown_table(summary: dict[str, Any]) -> str:
+    """The per-arm table as Markdown (OUT/table.md; the benchmark notes take it as is):
+    totals over the run's tasks, per-task means with their 95% CIs."""
+    def ci(d: dict[str, Any]) -> str:
+        return "" if not d or d.get("mean") is None else f"{d['mean']:.2f} ({d['lo']:.2f} to {d['hi']:.2f})"
+
+    lines = ["| arm | solved (95% CI) | wall s median, all / solved | model s saved per task (CI) | D s | P s | H s "
+             "| R s | net D-P-H-R per task (CI) | jumps (wrong) | recovered / unrecovered | cost per recovery s "
+             "| break-even frequency |", "|" + "---|" * 13]
+    for arm, a in summary.get("per_arm", {}).items():
+        t, rec = a.get("totals", {}), a.get("recovery", {})
+        jumps = rec.get("jump_interventions") or 0
+        lines.append("| " + " | ".join([
+            arm, f"{a['successes']}/{a['tasks']} ({a['success_ci95'][0]:.2f} to {a['success_ci95'][1]:.2f})",
+            f"{_fmt(a['wall_s_all'].get('median'), 2)} / {_fmt(a['wall_s_success'].get('median'), 2)}",
+            ci(a.get("model_s_saved_per_task", {})),
+            *(_fmt(t.get(k), 1) for k in ("D_s", "P_s", "H_s", "R_s")), ci(a.get("net_s_per_task", {})),
+            f"{jumps} ({rec.get('wrong', 0)})" if jumps else "",
+            f"{rec.get('recovered_tasks', 0)} / {rec.get('unrecovered_tasks', 0)}" if rec.get("wrong") else "",
+            _fmt(rec.get("cost_per_recovery_s"), 2) if rec.get("wrong") else "",
+            _fmt(rec.get("breakeven_frequency")) if jumps else ""]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def figures(summary: dict[str, Any], records: list[dict[str, Any]]) -> list[Any]:
     import plotly.graph_objects as go
 

@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=1, metavar="K", help="tasks in flight (default: 1)")
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="output folder (default: ./live-runs/<time>): tasks.jsonl, summary.json, "
-                             "report.html, traces/, servers/")
+                             "report.html, table.md, traces/, servers/")
     parser.add_argument("--max-steps", type=int, default=6, metavar="N", help="model turns per task (default: 6)")
     parser.add_argument("--max-tokens", type=int, default=256, metavar="N", help="tokens per turn (default: 256)")
     parser.add_argument("--task-timeout", type=float, default=300.0, metavar="S",
@@ -254,7 +254,9 @@ class Run:
                           "wall_s": round(time.perf_counter() - started, 3)}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
         try:
-            from .report import write_report
+            from .report import markdown_table, write_report
+
+            (self.out / "table.md").write_text(markdown_table(summary))
 
             write_report(summary, self.records, self.out / "report.html")
         except Exception as exc:  # the numbers are written; a plot problem must not lose them

@@ -51,3 +51,24 @@ def test_bench_cache_ssd_arm_is_a_new_process(tmp_path: Path) -> None:
     assert ssd["new_process"] and ssd["pid"] != result["pid"] and "after a restart" in run.stderr
     assert ssd["cached_tokens"] > 1000 and ssd["bytes_read"] > 0, ssd
     assert result["same_tokens"] == {"ram_vs_cold": True, "ssd_vs_cold": True}
+
+
+@pytest.mark.slow  # two upstream servers and three fronts, each a model or tokenizer load
+def test_bench_proxy_reports_costs_and_affinity(tmp_path: Path) -> None:
+    """`bench proxy` end to end on a few requests: paired latencies and the front's CPU per
+    request are reported, and one session's second turn finds its prefix cached on the
+    replica affinity pins it to, where round-robin sends it to the cold one."""
+    out = tmp_path / "proxy.json"
+    run = subprocess.run([sys.executable, "-m", "jumpahead.bench.proxy", "--repeats", "3", "--max-tokens", "2",
+                          "--sessions", "1", "--turns", "3", "--out", str(out)],
+                         capture_output=True, text=True, timeout=1800)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    for mode in ("non_stream", "stream"):
+        lat = result["latency"][mode]
+        assert lat["pairs"] == 3 and lat["front_total_median_ms"] > 0 and lat["direct_total_median_ms"] > 0
+        assert lat["front_cpu_ms_per_request"] is not None and lat["front_cpu_ms_per_request"] > 0
+    cache = result["prefix_cache"]
+    assert cache["affinity"]["hit_rate"] > 0.5, cache
+    assert cache["affinity"]["hit_rate"] > (cache["round-robin"]["hit_rate"] or 0), cache
+    assert sorted(cache["affinity"]["requests_by_replica"]) == [0, 3], cache

@@ -199,6 +199,8 @@ def test_two_tasks_two_arms_through_real_servers(tmp_path) -> None:
     assert sorted((r["arm"], r["seed"]) for r in lines) == sorted((a.name, s) for a in arms for s in seeds)
     assert json.loads((out / "summary.json").read_text())["per_arm"].keys() == summary["per_arm"].keys()
     assert (out / "report.html").read_text().count("<section>") >= 4
+    table = (out / "table.md").read_text().splitlines()
+    assert len(table) == 2 + len(summary["per_arm"]) and all(f"| {a} |" in "\n".join(table) for a in summary["arms"])
     assert {r["seed"] for r in lines if r["arm"] == "ordinary"} == {r["seed"] for r in lines if r["arm"] == "oracle-jump"}
     assert any(t.get("timings", {}).get("decode_s") is not None for r in lines for t in r["turns"])
     again = summarize(lines, [a.name for a in arms])
