@@ -4,7 +4,10 @@
    through a front in upstream mode (`jumpahead serve --upstream`, its own process),
    interleaved pair by pair, streaming and not; time
    to the first byte of the answer (streams: the first content event) and total. The
-   figure is the median of the paired differences (front - direct).
+   figure is the median of the paired differences (front - direct). Twice: against the
+   model upstream, and against a null upstream (bench/null_upstream.py: answers at once,
+   no model) that isolates the front's own cost from the cores a model upstream on the
+   same machine takes from it (`--skip-null` leaves that arm out).
 2. Prefix-cache hit rate of multi-turn sessions replayed through a front over two
    replicas, with affinity vs round-robin routing (each arm on its own sessions, so one
    arm's cache entries never serve the other): cached / prompt tokens as the upstreams
@@ -64,6 +67,17 @@ def _upstreams(urls: list[str], max_batch: int) -> Iterator[list[str]]:
         finally:
             for server in servers:
                 server.stop()
+
+
+@contextlib.contextmanager
+def _null_upstream() -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix="jumpahead-bench-null-") as tmp:
+        server = ServerProcess([], os.path.join(tmp, "null.log"), start_timeout=120,
+                               command=[sys.executable, "-m", "jumpahead.bench.null_upstream"])
+        try:
+            yield server.url
+        finally:
+            server.stop()
 
 
 @contextlib.contextmanager
@@ -196,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=5, help="turns per session (default: 5)")
     parser.add_argument("--max-batch", type=int, default=4, help="--max-batch of the started upstreams")
     parser.add_argument("--skip-affinity", action="store_true", help="only the latency arm")
+    parser.add_argument("--skip-null", action="store_true", help="no latency arm against the null upstream")
     parser.add_argument("--out", default=None, metavar="FILE", help="also write the JSON here")
     args = parser.parse_args(argv)
     if len(args.upstream) == 1 and not args.skip_affinity:
@@ -204,13 +219,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     result: dict[str, Any] = {"bench": "proxy"}
-    with _upstreams([u.removesuffix("/").removesuffix("/v1") for u in args.upstream], args.max_batch) as ups:
-        result["upstreams"] = ups
-        with _front(ups[:1], "affinity") as front:
-            result["latency"] = latency(ups[0], front, args.repeats, args.max_tokens)
-        print(json.dumps({"latency": result["latency"]}), file=sys.stderr)  # a partial result, in case
-        if not args.skip_affinity:
-            result["prefix_cache"] = affinity(ups[:2], args.sessions, args.turns)
+    try:
+        with _upstreams([u.removesuffix("/").removesuffix("/v1") for u in args.upstream], args.max_batch) as ups:
+            result["upstreams"] = ups
+            with _front(ups[:1], "affinity") as front:
+                result["latency"] = latency(ups[0], front, args.repeats, args.max_tokens)
+            print(json.dumps({"latency": result["latency"]}), file=sys.stderr)  # a partial result, in case
+            if not args.skip_null:
+                with _null_upstream() as null, _front([null], "affinity") as front:
+                    result["latency_null_upstream"] = latency(null, front, args.repeats, args.max_tokens)
+                print(json.dumps({"latency_null_upstream": result["latency_null_upstream"]}), file=sys.stderr)
+            if not args.skip_affinity:
+                result["prefix_cache"] = affinity(ups[:2], args.sessions, args.turns)
+    except RuntimeError as exc:  # an upstream that is not there, or answers errors
+        print(f"jumpahead bench proxy: {exc}", file=sys.stderr)
+        return 1
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
