@@ -202,6 +202,13 @@ class Run:
                      f"{len(record.turns)} turns")
         return doc
 
+    def _earlier_wall_s(self) -> float:
+        """The run wall time the summary of earlier passes recorded (0 when none)."""
+        try:
+            return float(json.loads((self.out / "summary.json").read_text())["run"]["wall_s"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0.0
+
     def run(self) -> dict[str, Any]:
         from .summary import summarize
 
@@ -222,6 +229,7 @@ class Run:
         path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
         self.done = len(self.records)
         todo = [(i, job) for i, job in enumerate(jobs(self.o.seeds, self.o.arms)) if (job[1].name, job[0]) not in done]
+        earlier_s = self._earlier_wall_s() if self.o.resume else 0.0
         started = time.perf_counter()
         try:
             if todo:
@@ -251,7 +259,8 @@ class Run:
                           "arms": {a.name: {"serve_args": a.serve_args(), "request": a.request_field(),
                                             "oracle": a.oracle} for a in self.o.arms},
                           "agent": vars(self.o.agent) if self.o.agent is not None else None,
-                          "wall_s": round(time.perf_counter() - started, 3)}
+                          # every pass's wall time: a --resume pass adds to the earlier ones
+                          "wall_s": round(earlier_s + time.perf_counter() - started, 3)}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
         try:
             from .report import markdown_table, write_report

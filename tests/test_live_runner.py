@@ -168,9 +168,12 @@ def test_resume_keeps_done_tasks_and_runs_none_twice(tmp_path) -> None:
     done = [dict(_rec(a.name, s, s == 1, 1.0 + s, [_turn(1.0, 0.1, 1.0, PLAIN, 11, 11)]), job=i)
             for i, (s, a) in enumerate([(1, arms[0]), (1, arms[1]), (2, arms[1]), (2, arms[0])])]
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in done) + '{"cut')
+    (tmp_path / "summary.json").write_text(json.dumps({"run": {"wall_s": 2520.5}}))  # the earlier pass's
     summary = run_live(LiveOptions(arms=arms, seeds=[1, 2], out=tmp_path, quiet=True, resume=True,
                                    agent=AgentOptions()))
     assert len((tmp_path / "tasks.jsonl").read_text().splitlines()) == 4
+    # a pass that ran nothing adds (next to) nothing to the earlier pass's wall time
+    assert 2520.5 <= summary["run"]["wall_s"] < 2530
     assert summary["per_arm"]["echo"]["successes"] == 1 and summary["per_arm"]["echo"]["tasks"] == 2
 
 
