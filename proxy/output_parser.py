@@ -115,6 +115,7 @@ class OutputParser:
         tool_end: str | None = None,
         tool_parser: ToolParser | None = None,
         tools: list[Tool] | None = None,
+        max_calls: int | None = None,
     ) -> None:
         self.think_start = think_start or None
         self.think_end = think_end or None
@@ -140,10 +141,13 @@ class OutputParser:
         self._streamer: JsonCallStreamer | None = None  # the open call, when it is JSON
         self._stream_decided = False  # the open call's first character was seen
         self._start: ToolCall | None = None  # the open call, once announced
+        # At most this many calls (`parallel_tool_calls: false` is 1): the output ends
+        # after the last one allowed, and whatever follows it is dropped.
+        self.max_calls = max_calls
 
     @classmethod
     def for_tokenizer(
-        cls, tokenizer: Any, tools: list[Tool] | None, *, in_reasoning: bool = False
+        cls, tokenizer: Any, tools: list[Tool] | None, *, in_reasoning: bool = False, max_calls: int | None = None
     ) -> OutputParser:
         """A parser with the markers and tool parser of an mlx-lm TokenizerWrapper.
 
@@ -163,6 +167,7 @@ class OutputParser:
             tool_end=tool_end,
             tool_parser=tool_parser if tools else None,
             tools=tools,
+            max_calls=max_calls,
         )
 
     # --- public ---------------------------------------------------------------
@@ -171,6 +176,11 @@ class OutputParser:
     def state(self) -> str:
         """Where the output is: "start", "reasoning", "content" or "tool" (policies watch it)."""
         return self._state
+
+    @property
+    def done(self) -> bool:
+        """The calls allowed (`max_calls`) are all out: the rest of the output is dropped."""
+        return self.max_calls is not None and len(self.tool_calls) >= self.max_calls
 
     @property
     def call_text(self) -> str:
@@ -204,6 +214,9 @@ class OutputParser:
 
     def _drain(self, final: bool) -> None:
         while True:
+            if self.done:
+                self._buf = ""
+                return
             state = self._state
             if state == START:
                 progressed = self._step_start(final)
@@ -380,6 +393,8 @@ class OutputParser:
             log.warning("unparseable tool call surfaced as text: %.200r", raw)
             self._show_content(self._ws_before_marker + raw)
             return False
+        if self.max_calls is not None:
+            calls = calls[: self.max_calls - len(self.tool_calls)]
         for n, call in enumerate(calls):
             streamed = None
             if n == 0 and self._start is not None:

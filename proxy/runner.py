@@ -122,7 +122,10 @@ def _prepare(engine: Any, turn: Turn, script: Script | None) -> PreparedTurn:
                                 methods=request_methods(turn), logprobs=turn.logprobs)
     tools = turn.tools if turn.tools_enabled else None
     in_reasoning = prompt_opens_reasoning(tokenizer, prompt)
-    parser = OutputParser.for_tokenizer(tokenizer, tools, in_reasoning=in_reasoning)
+    # parallel_tool_calls false: at most one call (under tool_choice required/named the
+    # grammar already allows one; under auto the parser ends the turn after the first)
+    max_calls = 1 if tools and turn.extra.get("parallel_tool_calls") is False else None
+    parser = OutputParser.for_tokenizer(tokenizer, tools, in_reasoning=in_reasoning, max_calls=max_calls)
     prefix_events: list[OutputEvent] = []
     if continues_final_message(turn):
         # The output continues the last assistant message: parse it as if generated
@@ -267,6 +270,7 @@ async def stream_turn(engine: Any, prepared: PreparedTurn, stats: Counter[str] |
     reason: str | None = None
     error: str | None = None
     tail: list[int] = []
+    cut = False  # ended by the parser (max_calls), not by the engine
     aligner = prepared.content_logprobs or _content_logprobs(engine, prepared.request)
     for event in prepared.prefix_events:
         collected.add(event)
@@ -296,6 +300,12 @@ async def stream_turn(engine: Any, prepared: PreparedTurn, stats: Counter[str] |
                     reason, error = chunk.finish_reason, chunk.error
                     usage = Usage(chunk.prompt_tokens or usage.prompt_tokens, chunk.completion_tokens,
                                   int(getattr(chunk, "cached_tokens", 0) or 0), chunk.fill)
+                elif parser.done:
+                    # The one call allowed is complete: end the turn here. Leaving the
+                    # stream cancels the row; the prefix cache keeps what it consumed.
+                    reason, cut = "stop", True
+                    usage = Usage(usage.prompt_tokens, len(prepared.output_tokens), prepared.cached_tokens)
+                    break
     except EngineError as exc:
         reason, error = "error", str(exc)
     final = parser.finish()
@@ -307,7 +317,7 @@ async def stream_turn(engine: Any, prepared: PreparedTurn, stats: Counter[str] |
     finish = _finish_reason(reason, len(parser.tool_calls))
     if finish == "error" and error is None:
         error = "generation ended without a finish reason"
-    stop_sequence = _stop_sequence(engine, prepared.request.stop, tail) if reason == "stop" else None
+    stop_sequence = _stop_sequence(engine, prepared.request.stop, tail) if reason == "stop" and not cut else None
     if stats is not None:
         stats[f"finish_{finish}"] += 1
         stats["tool_calls"] += len(parser.tool_calls)

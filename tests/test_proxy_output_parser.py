@@ -192,6 +192,29 @@ def test_ids_are_unique_and_arguments_are_json(tokenizer):
     assert all(orjson.loads(c.arguments) == {"command": "ls"} for c in parser.tool_calls)
 
 
+def test_max_calls_ends_the_output_after_the_last_call_allowed(tokenizer):
+    """`parallel_tool_calls: false` is max_calls=1: in every chunking, the first call and
+    nothing after it; streamed starts name only index 0; `done` turns true with the call."""
+    source = dict((c[0], c[1]) for c in CASES)["think_then_two_calls"] + "trailing text"
+    text, pieces = roundtrip(tokenizer, source)
+    for name, chunks in chunkings(text, pieces).items():
+        parser = OutputParser.for_tokenizer(tokenizer, TOOLS, max_calls=1)
+        events, done_at = [], None
+        for i, piece in enumerate(chunks):
+            events += parser.feed(piece)
+            if done_at is None and parser.done:
+                done_at = i
+        events += parser.finish()
+        assert [(c.name, orjson.loads(c.arguments)) for c in parser.tool_calls] == [("bash", {"command": "pwd"})], name
+        assert {e.index for e in events if hasattr(e, "index")} == {0}, name
+        assert not any(isinstance(e, ContentDelta) for e in events), name  # "trailing text" is dropped
+        assert done_at is not None and "".join(chunks[: done_at + 1]).count("</tool_call>") >= 1, name
+    unlimited = make_parser(tokenizer)
+    unlimited.feed(text)
+    unlimited.finish()
+    assert len(unlimited.tool_calls) == 2 and not unlimited.done
+
+
 FRAGMENTS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<", "</", "tool_call", ">", "\n", " ", "  ",
              "text", '{"name": "bash", "arguments": {"command": "ls"}}', '{"name": "write", "arguments": {}}',
              '{"name": 1}', "{", "}", '"', "\u00e9\u4e16", "<think", "</tool"]

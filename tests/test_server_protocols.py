@@ -215,6 +215,66 @@ def test_anthropic_disable_parallel_tool_use_answers_with_one_tool_use(engine):
         assert "disable_parallel_tool_use" in r.json()["error"]["message"]
 
 
+def test_parallel_tool_calls_false_under_auto_ends_the_turn_after_the_first_call(loaded_model):
+    """The script answers with two calls each time; with parallel calls off (chat and
+    Responses `parallel_tool_calls: false`, Anthropic `disable_parallel_tool_use`) under
+    tool_choice auto, the answer is the first call alone, and the turn ends there (fewer
+    completion tokens than the whole scripted answer: the engine appends the script 8
+    tokens a round, as a model writes a few at a time). The first request, with parallel
+    calls allowed, is the control: both calls come back."""
+    from jumpahead.engine.engine import Engine, EngineConfig
+
+    model, tokenizer, info = loaded_model
+    engine = Engine(model, tokenizer, info, EngineConfig(max_batch=2, max_asserted=8))
+    with contextlib.closing(engine):
+        _one_call_each_protocol(engine)
+
+
+def _one_call_each_protocol(engine) -> None:
+    from jumpahead.proxy.script import render_turn, turn_tokens
+
+
+    calls = [ScriptedCall("get_weather", {"city": "Paris"}), ScriptedCall("add", {"a": 2, "b": 3})]
+    both = ScriptTurn(text="Two things.", tool_calls=calls)
+    whole = len(turn_tokens(engine.tokenizer, render_turn(engine.tokenizer, both, in_reasoning=False)))
+    chat_tools = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
+                                                    "parameters": t["input_schema"]}} for t in TWO_TOOLS]
+    resp_tools = [{"type": "function", "name": t["name"], "parameters": t["input_schema"]} for t in TWO_TOOLS]
+    messages = [{"role": "user", "content": "What is the weather in Paris? And what is 2 + 3?"}]
+    with scripted(engine, *[both] * 6, limit=None) as url:
+        oa = openai.OpenAI(base_url=f"{url}/v1", api_key="dummy", max_retries=0, timeout=300)
+        control = oa.chat.completions.create(model="local", messages=messages, tools=chat_tools)
+        assert [c.function.name for c in control.choices[0].message.tool_calls] == ["get_weather", "add"]
+
+        one = oa.chat.completions.create(model="local", messages=messages, tools=chat_tools, parallel_tool_calls=False)
+        (call,) = one.choices[0].message.tool_calls
+        assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris"})
+        assert one.choices[0].finish_reason == "tool_calls" and one.choices[0].message.content == "Two things."
+        assert 0 < one.usage.completion_tokens < whole <= control.usage.completion_tokens
+
+        chunks = list(oa.chat.completions.create(model="local", messages=messages, tools=chat_tools,
+                                                 parallel_tool_calls=False, stream=True,
+                                                 stream_options={"include_usage": True}))
+        indices = {tc.index for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])}
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert indices == {0} and finishes == ["tool_calls"] and chunks[-1].usage.completion_tokens < whole
+
+        ac = anthropic.Anthropic(base_url=url, api_key="dummy", max_retries=0, timeout=300)
+        with ac.messages.stream(model="local", max_tokens=200, messages=messages, tools=TWO_TOOLS,
+                                tool_choice={"type": "auto", "disable_parallel_tool_use": True}) as stream:
+            msg = stream.get_final_message()
+        uses = [b for b in msg.content if b.type == "tool_use"]
+        assert [(u.name, u.input) for u in uses] == [("get_weather", {"city": "Paris"})]
+        assert msg.stop_reason == "tool_use" and msg.usage.output_tokens < whole
+
+        resp = oa.responses.create(model="local", input=messages[0]["content"], tools=resp_tools,
+                                   parallel_tool_calls=False)
+        assert [(o.type, getattr(o, "name", None)) for o in resp.output if o.type != "message"] == \
+            [("function_call", "get_weather")]
+        assert resp.parallel_tool_calls is False and resp.usage.output_tokens < whole
+        assert httpx.get(f"{url}/health").json()["script"]["served"] == 5
+
+
 # --- Responses details ---------------------------------------------------------------
 
 
