@@ -155,7 +155,7 @@ def test_three_protocols_stream_and_not_one_file_per_session(live, engine):
         raw = path.read_bytes()
         assert not any(s.encode() in raw for s in SECRETS), f"a secret reached {path}"
         header, turns, warnings = read_trace(path)
-        assert warnings == [] and header["version"] == 1 and header["model"] == engine.info.name
+        assert warnings == [] and header["version"] == 2 and header["model"] == engine.info.name
         assert header["server"] == {"test": "live"}
         assert [t["index"] for t in turns] == [0, 1] and {t["protocol"] for t in turns} == {protocol}
         for turn, (content, n) in zip(turns, outs):

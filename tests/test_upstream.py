@@ -27,6 +27,7 @@ from jumpahead.policies.api import BoundaryEvent, Intervention, Policy
 from jumpahead.proxy.upstream.engine import UpstreamConfig, UpstreamEngine, UpstreamHooks
 from jumpahead.proxy.upstream.replicas import ReplicaSet
 from jumpahead.proxy.upstream.translate import OutputText
+from jumpahead.traces.trace_file import read_trace
 
 from .serving import free_port, interrupt, serve
 
@@ -144,7 +145,7 @@ def _turns(traces: Path, session: str | None = None) -> list[dict[str, Any]]:
     out = []
     for f in files:
         if f.exists():
-            out += [json.loads(line) for line in f.read_text().splitlines()[1:] if line.strip()]
+            out += read_trace(f)[1]  # whole turns (a file's later lines are deltas)
     return out
 
 

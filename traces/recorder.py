@@ -27,6 +27,7 @@ from jumpahead.proxy.prompt import continues_final_message
 from jumpahead.proxy.session_identity import safe_file_stem
 from jumpahead.proxy.turn import TurnOutput
 
+from .delta import encode
 from .trace_file import FORMAT, VERSION, read_trace
 from .turn_json import call_to_json, turn_to_json
 
@@ -130,7 +131,7 @@ class TraceRecorder(BaseHooks):
     """
 
     def __init__(self, directory: str | Path, *, tokenizer: Any = None, model: str | None = None,
-                 server: dict[str, Any] | None = None, max_open: int = 64) -> None:
+                 server: dict[str, Any] | None = None, max_open: int = 64, delta: bool = True) -> None:
         self.directory = Path(directory).resolve()
         self.directory.mkdir(parents=True, exist_ok=True)
         self.tokenizer = tokenizer
@@ -139,6 +140,10 @@ class TraceRecorder(BaseHooks):
         self.max_open = max_open
         self._fds: OrderedDict[str, int] = OrderedDict()  # session -> O_APPEND fd (LRU)
         self._next: dict[str, int] = {}  # session -> next turn index in its file
+        # Each turn line stores what it adds to the session's previous one (traces/delta.py);
+        # that previous turn, whole, per session (LRU, as many as open files).
+        self.delta = delta
+        self._last: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._lock = threading.Lock()
         self.turns_recorded = 0
         self.errors = 0
@@ -209,7 +214,13 @@ class TraceRecorder(BaseHooks):
             try:
                 fd = self._open(session)
                 index = self._next[session]
-                _write(fd, dumps_line(self.turn_record(exchange, prepared, out, index)))
+                record = self.turn_record(exchange, prepared, out, index)
+                line = encode(record, self._last.get(session), dumps_line) if self.delta else record
+                self._last.pop(session, None)  # (a failed write must not become a later line's base)
+                _write(fd, dumps_line(line))
+                self._last[session] = record  # (popped above: now the newest)
+                while len(self._last) > self.max_open:
+                    self._last.popitem(last=False)
                 self._next[session] = index + 1
                 self.turns_recorded += 1
             except OSError as exc:
