@@ -262,10 +262,40 @@ def _stop_sequence(engine: Any, stops: list[str], tail: list[int]) -> str | None
 async def stream_turn(engine: Any, prepared: PreparedTurn, stats: Counter[str] | None = None) -> AsyncIterator[OutputEvent]:
     """The Turn's output as events; the last one is always a TurnEnd.
 
-    Closing this generator early (client gone) cancels the engine row.
+    Closing this generator early (client gone) cancels the engine row. The hooks hear of
+    every turn, an unfinished one too: its output so far, finish reason "cancelled"
+    (the client went away) or "error" (our bug), so a trace keeps what the agent's user
+    interrupted.
     """
-    parser = prepared.parser
     collected = TurnOutput()  # what the hooks see at the end
+    ended = False
+    try:
+        async with contextlib.aclosing(_turn_events(engine, prepared, stats, collected)) as events:
+            async for event in events:
+                ended = ended or isinstance(event, TurnEnd)
+                yield event
+    except BaseException as exc:
+        if not ended and prepared.hooks:
+            _after_unfinished_turn(prepared, collected, exc)
+        raise
+
+
+def _after_unfinished_turn(prepared: PreparedTurn, collected: TurnOutput, exc: BaseException) -> None:
+    gone = isinstance(exc, (GeneratorExit, asyncio.CancelledError))
+    try:  # what the parser still holds (text, a call cut off) belongs to the output so far
+        for event in prepared.parser.finish():
+            collected.add(event)
+    except Exception:  # a parser the failure left in a bad state: keep what was collected
+        pass
+    usage = Usage(len(prepared.request.prompt), len(prepared.output_tokens), prepared.cached_tokens)
+    message = "the client went away before the turn ended" if gone else f"{type(exc).__name__}: {exc}"
+    collected.add(TurnEnd("cancelled" if gone else "error", usage, message))
+    _after_turn(prepared, collected)
+
+
+async def _turn_events(engine: Any, prepared: PreparedTurn, stats: Counter[str] | None,
+                       collected: TurnOutput) -> AsyncIterator[OutputEvent]:
+    parser = prepared.parser
     usage = Usage(prompt_tokens=len(prepared.request.prompt))
     reason: str | None = None
     error: str | None = None

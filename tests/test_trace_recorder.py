@@ -261,6 +261,46 @@ def test_script_mode_turns_rewrites_and_tool_results_reimport(engine, tmp_path):
     assert [m.role for m in turn.messages] == ["user", "assistant", "tool"]
 
 
+def test_a_turn_the_client_leaves_is_recorded_as_cancelled(live, engine):
+    """The user interrupts the agent mid-answer: the stream is closed after a few events.
+    The trace keeps the turn (finish "cancelled", the output so far, its tokens), the
+    engine row is cancelled, and the importer leaves the turn out of the conversation."""
+    url, directory, _ = live
+    session = "interrupted-1"
+    body = {"model": "m", "max_tokens": 400, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": "Count from one to one hundred in words."}]}
+    cancelled_before = engine.scheduler.counters["cancelled"]
+    seen = ""
+    with httpx.Client(timeout=120) as client:
+        with client.stream("POST", f"{url}/v1/chat/completions", json=body, headers={"x-session-id": session}) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    delta = json.loads(line[6:])["choices"][0]["delta"]
+                    seen += delta.get("content") or ""
+                    if len(seen) >= 20:
+                        break  # leaving the block closes the connection
+        path = directory / f"{session}.jsonl"
+        deadline = time.monotonic() + 30
+        while not (path.exists() and read_trace(path)[1]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (turn,), = [read_trace(path)[1]]
+        response = turn["response"]
+        assert response["finish_reason"] == "cancelled" and "went away" in response["error"]
+        assert response["content"].startswith(seen) and len(response["content"]) >= len(seen)
+        assert 0 < turn["usage"]["completion_tokens"] == len(_tokens(turn)) < 400
+        assert engine.scheduler.counters["cancelled"] > cancelled_before  # the row stopped, not ran to 400
+        # the user goes on: the next request does not carry the interrupted answer
+        body = {**body, "stream": False, "max_tokens": 4,
+                "messages": [*body["messages"], {"role": "user", "content": "Stop. Just say hi."}]}
+        answer = client.post(f"{url}/v1/chat/completions", json=body, headers={"x-session-id": session}).json()
+    imported = load_session(path)
+    assert imported.meta["cancelled_turns"] == [0] and imported.meta["turn_indices"] == [1]
+    assert [m.role for m in imported.messages] == ["user", "user", "assistant"]
+    assert imported.messages[-1].content == answer["choices"][0]["message"]["content"]
+    assert not imported.warnings
+
+
 def test_hostile_session_ids_stay_inside_the_trace_dir(live, tmp_path):
     url, directory, recorder = live
     long_a, long_b = "a" * 5000 + "x", "a" * 5000 + "y"

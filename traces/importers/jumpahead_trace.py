@@ -152,12 +152,17 @@ def _session(chain: list[dict[str, Any]], header: dict[str, Any], sid: str, path
 def load(path: Path) -> list[Session]:
     header, turns, warnings = read_trace(path)
     sid = str(header.get("session") or path.stem)
+    # A turn the client left before it ended (the user interrupted the agent) is in the
+    # trace, but it is not part of the conversation: the next context goes on without it.
+    cancelled = [t.get("index") for t in turns if (t.get("response") or {}).get("finish_reason") == "cancelled"]
+    turns = [t for t in turns if (t.get("response") or {}).get("finish_reason") != "cancelled"]
     chains = sorted(_chains(turns), key=len, reverse=True)
     sessions = [_session(chain, header, sid if i == 0 else f"{sid}#{i}", path) for i, chain in enumerate(chains)]
     if not sessions:  # a header and no complete turn (the server died in its first turn)
         sessions = [Session(id=sid, format="jumpahead", source=str(path), meta={"turns_recorded": 0})]
-    if sessions:
-        sessions[0].warnings[:0] = warnings
+    sessions[0].warnings[:0] = warnings
+    if cancelled:
+        sessions[0].meta["cancelled_turns"] = cancelled
     return sessions
 
 
