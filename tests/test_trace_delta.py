@@ -148,3 +148,21 @@ def test_a_real_session_recorded_both_ways_reads_back_the_same(engine, tmp_path)
     assert d_file.stat().st_size < 0.5 * w_file.stat().st_size, (d_file.stat().st_size, w_file.stat().st_size)
     a, b = load_session(d_file), load_session(w_file)
     assert [(m.role, m.content) for m in a.messages] == [(m.role, m.content) for m in b.messages]
+
+
+def test_bench_trace_size_on_a_public_session(capsys):
+    """`jumpahead bench trace-size`: the delta file reads back as the whole one (checked
+    on every run) and is smaller; a missing file is a CLI error."""
+    from jumpahead.bench.trace_size import main
+
+    from .conftest import SHARED
+
+    path = SHARED / "traces" / "public" / "swe-agent" / "swe-agent__test-repo-i1.traj"
+    if not path.exists():
+        pytest.skip(f"{path} is absent (../shared holds the public traces)")
+    assert main([str(path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["identical"] is True and report["turns"] == 5
+    assert report["delta_bytes"] * 3 < report["whole_bytes"]
+    assert main([str(path.with_name("nope.traj"))]) == 2
+    assert "no such file" in capsys.readouterr().err
