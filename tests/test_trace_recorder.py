@@ -301,6 +301,30 @@ def test_a_turn_the_client_leaves_is_recorded_as_cancelled(live, engine):
     assert not imported.warnings
 
 
+def test_a_response_format_is_recorded_and_replay_asks_with_it(live, engine):
+    """A JSON response format is a grammar: the trace's context keeps it (and nothing of
+    the per-request options or metadata), so the imported turn asks with the same grammar."""
+    from jumpahead.proxy.runner import strict_fill_fields
+
+    url, directory, _ = live
+    body = {"model": "m", "max_tokens": 12, "temperature": 0, "response_format": {"type": "json_object"},
+            "metadata": {"run": "x"}, "messages": [{"role": "user", "content": "Give me a JSON object."}]}
+    r = httpx.post(f"{url}/v1/chat/completions", json=body, headers={"x-session-id": "json-1"}, timeout=120)
+    assert r.status_code == 200, r.text
+    (turn,) = read_trace(directory / "json-1.jsonl")[1]
+    assert turn["context"]["extra"] == {"response_format": {"type": "json_object"}}
+    session = load_session(directory / "json-1.jsonl")
+    asked = session.turn(session.assistant_indices()[-1])
+    assert asked.extra == {"response_format": {"type": "json_object"}}
+    assert strict_fill_fields(engine.tokenizer, asked, None, False)[0] == {"type": "json_object"}
+    assert turn_from_json(turn["context"]).extra == asked.extra
+    plain = {**body, "messages": [{"role": "user", "content": "Say hi."}]}
+    del plain["response_format"]
+    assert httpx.post(f"{url}/v1/chat/completions", json=plain, headers={"x-session-id": "json-2"},
+                      timeout=120).status_code == 200
+    assert "extra" not in read_trace(directory / "json-2.jsonl")[1][0]["context"]
+
+
 def test_hostile_session_ids_stay_inside_the_trace_dir(live, tmp_path):
     url, directory, recorder = live
     long_a, long_b = "a" * 5000 + "x", "a" * 5000 + "y"

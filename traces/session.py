@@ -155,4 +155,8 @@ class Session:
             turn.tool_choice = ToolChoice(str(choice["mode"]), choice.get("name"))
         if isinstance(meta.get("thinking"), bool):
             turn.thinking = meta["thinking"]
+        if isinstance(meta.get("extra"), dict):  # e.g. a response format: the same grammar again
+            from .turn_json import generation_extra
+
+            turn.extra = generation_extra(meta["extra"])
         return turn

@@ -34,6 +34,19 @@ def message_to_json(m: Message) -> dict[str, Any]:
     return out
 
 
+# Request fields that shape the answer beyond messages, tools, sampling and thinking:
+# a response format (chat `response_format`, Responses `text.format`, Anthropic
+# `output_config.format`) is a grammar, which strict fill follows. Kept so replay asks
+# as the client did. Not kept: the per-request `jumpahead` options (a replay arm sets
+# its own), metadata, user, and parallel_tool_calls (the body has it; a recorded answer
+# already holds the calls it allowed, and replay forces that answer).
+GENERATION_EXTRA = ("response_format", "text", "output_config")
+
+
+def generation_extra(extra: dict[str, Any]) -> dict[str, Any]:
+    return {k: extra[k] for k in GENERATION_EXTRA if extra.get(k) is not None}
+
+
 def _sampling_to_json(s: SamplingParams) -> dict[str, Any]:
     out = asdict(s)
     out["logit_bias"] = {str(k): v for k, v in s.logit_bias.items()}  # JSON keys are text
@@ -41,7 +54,7 @@ def _sampling_to_json(s: SamplingParams) -> dict[str, Any]:
 
 
 def turn_to_json(turn: Turn) -> dict[str, Any]:
-    return {
+    out = {
         "messages": [message_to_json(m) for m in turn.messages],
         "tools": [{"name": t.name, "description": t.description, "parameters": t.parameters} for t in turn.tools],
         "tool_choice": {"mode": turn.tool_choice.mode, "name": turn.tool_choice.name},
@@ -51,6 +64,10 @@ def turn_to_json(turn: Turn) -> dict[str, Any]:
         "thinking": turn.thinking,
         "model": turn.model,
     }
+    extra = generation_extra(turn.extra)
+    if extra:
+        out["extra"] = extra
+    return out
 
 
 def message_from_json(d: dict[str, Any]) -> Message:
@@ -76,4 +93,5 @@ def turn_from_json(d: dict[str, Any]) -> Turn:
         stop=list(d.get("stop") or []),
         thinking=d.get("thinking"),
         model=d.get("model"),
+        extra=generation_extra(d["extra"]) if isinstance(d.get("extra"), dict) else {},
     )
