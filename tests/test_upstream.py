@@ -369,8 +369,14 @@ def test_jump_is_a_continuation_request_with_the_constructed_prefix(replicas, to
     call = answer["choices"][0]["message"]["tool_calls"][0]
     assert call["function"]["name"] == "read" and _args(call["function"]["arguments"])["path"].startswith("not")
     # the first upstream request was cut at the boundary (cancelled: the upstream records
-    # no turn for it and counts a disconnect); the second ends with the constructed prefix
-    (cont,) = _turns(up["traces"], session)
+    # it as such and counts a disconnect); the second ends with the constructed prefix
+    deadline = time.monotonic() + 10  # (the upstream records the cut one when its stream closes)
+    while len(_turns(up["traces"], session)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    turns = _turns(up["traces"], session)
+    (cut,) = [t for t in turns if t["response"]["finish_reason"] == "cancelled"]
+    (cont,) = [t for t in turns if t["response"]["finish_reason"] != "cancelled"]
+    assert cut["response"]["runs"] and "continue_final_message" not in cut["request"]["body"]
     assert httpx.get(f"{up['url']}/metrics.json", timeout=10).json()["server"]["client_disconnects"] == disconnects + 1
     body = cont["request"]["body"]
     assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
