@@ -93,6 +93,39 @@ def test_a_lost_base_line_skips_the_turns_that_need_it(tmp_path):
     assert "extends turn 1" in warnings[1] and "extends turn 2" in warnings[2]
 
 
+def test_cli_expand_prints_every_turn_whole(tmp_path):
+    """`jumpahead traces expand FILE`: each printed line stands alone (no deltas) and
+    the lines read back as the file's turns; other files are a CLI error naming them."""
+    import subprocess
+    import sys
+
+    history = [{"role": "user", "content": "u" * 300}]
+    records = []
+    for i in range(3):
+        history = history + [{"role": "assistant", "content": f"a{i}"}, {"role": "user", "content": f"u{i}"}]
+        records.append(_record(i, history, TOOLS))
+    path = tmp_path / "s.jsonl"
+    raw = _write(path, records)
+    assert all("delta" in line for line in raw[1:])
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "jumpahead.proxy.cli", "traces", "expand", *args],
+                              capture_output=True, text=True, timeout=120)
+
+    done = cli(str(path))
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(x) for x in done.stdout.splitlines()]
+    assert lines[0]["type"] == "session" and not any("delta" in x for x in lines)
+    assert lines[1:] == [json.loads(dumps_line(r)) for r in records]
+    assert cli(str(path), "--out", str(tmp_path / "whole.jsonl")).returncode == 0
+    assert read_trace(tmp_path / "whole.jsonl")[1] == read_trace(path)[1]
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"type": "message"}\n')
+    for bad, message in ((other, "not a jumpahead-trace file"), (tmp_path / "none.jsonl", "no such file")):
+        done = cli(str(bad))
+        assert done.returncode == 2 and message in done.stderr and str(bad) in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("delta, message", [
     ({"of": 0, "keep": {"context.messages": 9}, "same": []}, "keeps 9 items of a base that has 1 items"),
     ({"of": 0, "keep": {"context.nothing": 1}, "same": []}, "no such list"),

@@ -1,9 +1,11 @@
-"""`jumpahead traces import|analyze`: read other agents' session files.
+"""`jumpahead traces import|analyze|expand`: read session files.
 
 `import` detects each file's format (traces/formats.py), prints a summary per session
 (or JSON with --json) and with --out writes each session as normalized JSON
 (Session.to_dict). `analyze` runs the copy-opportunity analysis (traces/analysis.py).
 A file no importer reads is a one-line error naming the known formats, exit 2.
+`expand` prints one of our own trace files with every turn line whole (the file
+stores deltas: traces/delta.py), for jq, grep and other tools that read lines alone.
 """
 
 from __future__ import annotations
@@ -32,12 +34,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ana.add_argument("--json", action="store_true", help="print the full result as JSON")
     ana.add_argument("--tokenizer", default=None, metavar="PATH",
                      help="model folder whose tokenizer counts tokens (default: the default model's)")
+    exp = sub.add_parser("expand", help="print a jumpahead trace file with every turn line whole",
+                         description="Print a trace file written by `serve --trace-dir` as JSONL with every "
+                                     "turn whole (each line then stands alone, as in version 1 files).")
+    exp.add_argument("file", metavar="FILE", help="a trace file (DIR/<session>.jsonl)")
+    exp.add_argument("--out", default=None, metavar="PATH", help="write to PATH instead of standard output")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.traces_command == "import":
         return _import(args)
+    if args.traces_command == "expand":
+        return _expand(args)
     return _analyze(args)
+
+
+def _expand(args: argparse.Namespace) -> int:
+    from .trace_file import FORMAT, is_header, read_trace
+
+    path = Path(args.file)
+    if not path.is_file():
+        print(f"jumpahead traces expand: {args.file}: {'not a file' if path.exists() else 'no such file'}",
+              file=sys.stderr)
+        return 2
+    with path.open("rb") as fh:
+        first = fh.readline()
+    try:
+        ours = is_header(orjson.loads(first))
+    except orjson.JSONDecodeError:
+        ours = False
+    if not ours:
+        print(f"jumpahead traces expand: {args.file}: not a {FORMAT} file (its first line is not our "
+              "session header); other formats: `jumpahead traces import --out DIR`", file=sys.stderr)
+        return 2
+    header, turns, warnings = read_trace(path)
+    for warning in warnings:
+        print(f"jumpahead traces expand: warning: {warning}", file=sys.stderr)
+    resumed = header.pop("resumed", None)
+    lines = [orjson.dumps(header)] + [orjson.dumps(t) for t in turns]
+    if isinstance(resumed, list):  # the restarts' session headers: lines of their own after the first
+        lines[1:1] = [orjson.dumps(h) for h in resumed]
+    data = b"\n".join(lines) + b"\n"
+    if args.out:
+        Path(args.out).write_bytes(data)
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    return 0
 
 
 def _fail(command: str, message: str) -> int:
