@@ -287,10 +287,15 @@ def _after_unfinished_turn(prepared: PreparedTurn, collected: TurnOutput, exc: B
             collected.add(event)
     except Exception:  # a parser the failure left in a bad state: keep what was collected
         pass
-    usage = Usage(len(prepared.request.prompt), len(prepared.output_tokens), prepared.cached_tokens)
+    usage = _usage_so_far(prepared)
     message = "the client went away before the turn ended" if gone else f"{type(exc).__name__}: {exc}"
     collected.add(TurnEnd("cancelled" if gone else "error", usage, message))
     _after_turn(prepared, collected)
+
+
+def _usage_so_far(prepared: PreparedTurn) -> Usage:
+    """Usage of a turn that ended before the engine's last chunk (which carries it)."""
+    return Usage(len(prepared.request.prompt), len(prepared.output_tokens), prepared.cached_tokens)
 
 
 async def _turn_events(engine: Any, prepared: PreparedTurn, stats: Counter[str] | None,
@@ -334,7 +339,7 @@ async def _turn_events(engine: Any, prepared: PreparedTurn, stats: Counter[str] 
                     # The one call allowed is complete: end the turn here. Leaving the
                     # stream cancels the row; the prefix cache keeps what it consumed.
                     reason, cut = "stop", True
-                    usage = Usage(usage.prompt_tokens, len(prepared.output_tokens), prepared.cached_tokens)
+                    usage = _usage_so_far(prepared)
                     break
     except EngineError as exc:
         reason, error = "error", str(exc)

@@ -208,7 +208,9 @@ def test_max_calls_ends_the_output_after_the_last_call_allowed(tokenizer):
         assert [(c.name, orjson.loads(c.arguments)) for c in parser.tool_calls] == [("bash", {"command": "pwd"})], name
         assert {e.index for e in events if hasattr(e, "index")} == {0}, name
         assert not any(isinstance(e, ContentDelta) for e in events), name  # "trailing text" is dropped
+        # done with the chunk that closes the first call, not before and not later
         assert done_at is not None and "".join(chunks[: done_at + 1]).count("</tool_call>") >= 1, name
+        assert "</tool_call>" not in "".join(chunks[:done_at]), name
     unlimited = make_parser(tokenizer)
     unlimited.feed(text)
     unlimited.finish()

@@ -284,7 +284,7 @@ def test_a_turn_the_client_leaves_is_recorded_as_cancelled(live, engine):
         deadline = time.monotonic() + 30
         while not (path.exists() and read_trace(path)[1]) and time.monotonic() < deadline:
             time.sleep(0.1)
-        (turn,), = [read_trace(path)[1]]
+        (turn,) = read_trace(path)[1]
         response = turn["response"]
         assert response["finish_reason"] == "cancelled" and "went away" in response["error"]
         assert response["content"].startswith(seen) and len(response["content"]) >= len(seen)

@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _expand(args: argparse.Namespace) -> int:
-    from .trace_file import FORMAT, is_header, read_trace
+    from .importers.jumpahead_trace import detect
+    from .trace_file import FORMAT, read_trace
 
     path = Path(args.file)
     if not path.is_file():
@@ -58,11 +59,7 @@ def _expand(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     with path.open("rb") as fh:
-        first = fh.readline()
-    try:
-        ours = is_header(orjson.loads(first))
-    except orjson.JSONDecodeError:
-        ours = False
+        ours = detect(path, fh.readline())
     if not ours:
         print(f"jumpahead traces expand: {args.file}: not a {FORMAT} file (its first line is not our "
               "session header); other formats: `jumpahead traces import --out DIR`", file=sys.stderr)

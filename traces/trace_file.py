@@ -2,9 +2,9 @@
 
 A trace file is JSONL: a `session` header line, then one `turn` line per answered
 request. Since version 2 a turn line may store only what it adds to an earlier turn of
-the file (traces/delta.py); the reader gives every turn whole. A server killed mid-write leaves at most one partial last line; a reader
-must still give every complete turn, so a line that does not parse is skipped with a
-warning, never an error.
+the file (traces/delta.py); the reader gives every turn whole. A server killed
+mid-write leaves at most one partial last line; a reader must still give every
+complete turn, so a line that does not parse is skipped with a warning, never an error.
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ def _meta(turn: dict[str, Any]) -> dict[str, Any]:
             "methods": turn.get("methods", []), "prompt_tokens": turn.get("prompt_tokens"),
             "finish_reason": response.get("finish_reason")}
     if isinstance(ctx.get("extra"), dict):
-        meta["extra"] = ctx["extra"]  # response format, parallel_tool_calls, ... (turn_json.GENERATION_EXTRA)
+        meta["extra"] = ctx["extra"]  # the response format (turn_json.GENERATION_EXTRA)
     if turn.get("continues"):
         meta["continues"] = True  # the runs hold only the continuation of the client's prefix
     return meta
