@@ -84,8 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"jumpahead bench trace-size: no such file: {', '.join(missing)}", file=sys.stderr)
         return 2
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="trace-size-") as tmp:
-        rows = [row for f in files for row in measure(f, Path(tmp))]
+        for n, f in enumerate(files, 1):
+            found = measure(f, Path(tmp))
+            rows += found
+            print(f"trace-size: [{n}/{len(files)}] {f.name}: {sum(r['turns'] for r in found)} turns, "
+                  f"{sum(r['whole_bytes'] for r in found) / 1e6:.1f} MB whole, "
+                  f"{sum(r['delta_bytes'] for r in found) / 1e6:.2f} MB deltas", file=sys.stderr)
     whole, delta = sum(r["whole_bytes"] for r in rows), sum(r["delta_bytes"] for r in rows)
     report = {"bench": "trace-size", "sessions": rows, "turns": sum(r["turns"] for r in rows),
               "whole_bytes": whole, "delta_bytes": delta, "ratio": round(whole / delta, 2) if delta else None,
