@@ -47,20 +47,32 @@ def _mask_array(mask: Any, L: int, S: int) -> mx.array | None:
     return mask
 
 
-def _softmax_rows(x: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis, in float32, with numpy's vectorized exp."""
-    x = x - x.max(axis=-1, keepdims=True)
+def _softmax_rows(x: np.ndarray, sink: np.ndarray | None = None) -> np.ndarray:
+    """Softmax over the last axis, in float32, with numpy's vectorized exp.
+
+    `sink` (broadcastable to x[..., :1]): one more logit per row that takes part in
+    the normalisation but has no value (gpt-oss's attention sinks)."""
+    top = x.max(axis=-1, keepdims=True)
+    if sink is not None:
+        top = np.maximum(top, sink)
+    x = x - top
     np.exp(x, out=x)
-    x /= x.sum(axis=-1, keepdims=True)
+    total = x.sum(axis=-1, keepdims=True)
+    if sink is not None:
+        total = total + np.exp(sink - top)
+    x /= total
     return x
 
 
-def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: Any = None) -> mx.array:
-    """softmax(q k^T * scale + mask) v for q [B, Hq, L, D], k/v [B, Hkv, S, D]."""
+def attention(
+    q: mx.array, k: mx.array, v: mx.array, scale: float, mask: Any = None, sinks: mx.array | None = None
+) -> mx.array:
+    """softmax(q k^T * scale + mask) v for q [B, Hq, L, D], k/v [B, Hkv, S, D];
+    `sinks` [Hq]: a per-head logit in the softmax without a value (gpt-oss)."""
     B, Hq, L, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     if B * Hq * L * S < NUMPY_MIN or mx.default_device() != mx.cpu:
-        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
     rep = Hq // Hkv
     # query head h reads key head h // rep: fold the rep heads' queries into rows
     scores = (q * scale).reshape(B, Hkv, rep * L, D) @ k.swapaxes(-1, -2)  # [B, Hkv, rep*L, S]
@@ -76,7 +88,11 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: Any = N
         scores = s5.reshape(B, Hkv, rep * L, S)
     scores = scores.astype(mx.float32)
     mx.eval(scores)
-    probs = mx.array(_softmax_rows(np.asarray(scores)))  # a view of the evaluated buffer
+    sink = None
+    if sinks is not None:  # query rows are (key head, rep, L): head h = kv * rep + r
+        sink = np.asarray(sinks.astype(mx.float32)).reshape(1, Hkv, rep, 1, 1)
+        sink = np.broadcast_to(sink, (1, Hkv, rep, L, 1)).reshape(1, Hkv, rep * L, 1)
+    probs = mx.array(_softmax_rows(np.asarray(scores), sink))  # a view of the evaluated buffer
     out = probs.astype(v.dtype) @ v  # [B, Hkv, rep*L, Dv]
     return out.reshape(B, Hq, L, v.shape[-1])
 
@@ -95,8 +111,8 @@ def install(model: Any) -> bool:
         return True
 
     def routed(queries, keys, values, cache, scale, mask, sinks=None):
-        if isinstance(cache, LayerCache) and sinks is None:
-            return attention(queries, keys, values, scale, mask)
+        if isinstance(cache, LayerCache):
+            return attention(queries, keys, values, scale, mask, sinks)
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
     routed._jumpahead = True  # type: ignore[attr-defined]

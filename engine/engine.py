@@ -122,6 +122,12 @@ class Engine:
         c = self.config
         if not c.prefix_cache:
             return None
+        if self.runner.packing in (None, "none"):
+            # layers of different shapes (or none with positions) do not pack into
+            # one segment array (RowKVCache.segment_packing)
+            log.warning("prompt cache off for %s: its attention layers do not share one shape",
+                        self.runner.model_type)
+            return None
         from .prefix_cache import PrefixCache
         from .ssd_cache import SsdStore, default_cache_root, model_dir_name, model_fingerprint
 
@@ -137,7 +143,7 @@ class Engine:
                                max_pending_bytes=max(c.prefix_cache_ram_bytes, 256 << 20))
             except Exception as exc:  # never fail the engine over its cache
                 log.warning("prompt cache: SSD tier off (%s); RAM tier only", exc)
-        return PrefixCache(c.prefix_cache_ram_bytes, ssd, wake=self._wake.set)
+        return PrefixCache(c.prefix_cache_ram_bytes, ssd, wake=self._wake.set, exact=self.runner.recurrent)
 
     # --- engine thread -----------------------------------------------------------------
     def _run(self) -> None:
@@ -289,6 +295,7 @@ class Engine:
             "max_batch": self.config.max_batch,
             "methods": describe_methods(self.config.default_methods),  # for requests that name none
             "context_length": self.context_length,
+            "layers": self.runner.describe(),  # layer kinds served (engine/cache_layout.py)
             "rows_running": len(s.running),
             "rows_waiting": len(s.waiting) + s.inbox.qsize(),
             "uptime_s": round(time.time() - self.started_at, 1),

@@ -1,51 +1,122 @@
 """One forward of an mlx-lm model over a RowKVCache, with logits only where needed.
 
 mlx-lm's `Model.__call__` projects every position onto the vocabulary; a 512-token
-prefill chunk would spend more time in that projection than it saves. For model
-classes whose head is a plain projection of the final hidden state we run the trunk
-(`model.model`) and project only the positions a caller asks for; any other model
-class runs whole and we slice its logits.
+prefill chunk would spend more time in that projection than it saves (Gemma 3's
+262k-entry vocabulary makes it 10x worse). Where the head is a plain projection of
+the trunk's final hidden state (`lm_head` or the tied embedding), we run the trunk
+(`model.model`) and project only the positions a caller asks for. Which one it is
+is not declared anywhere, so it is found at load by one tiny forward: the candidate
+head whose output equals the model's own logits is used; a model with anything else
+after its trunk (soft-capping, scaling) runs whole and we slice its logits.
+
+The layer kinds come from the model class itself (engine/cache_layout.py); a model
+that keeps recurrent state has its verifying rounds settled by `replay`.
 """
 
 from __future__ import annotations
+
+import logging
+from typing import Any, Callable
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from . import attention
+from .cache_layout import has_recurrent, model_layout, padding_safe, summary
 from .ragged import MIN_PADS, ragged_hidden, supports_ragged
 from .row_cache import RowKVCache
 
-# model_type values whose Model.__call__ is exactly `head(self.model(...))`.
-_PLAIN_HEAD = {"llama", "qwen2", "qwen3", "mistral", "phi3", "granite", "olmo2", "smollm3"}
+log = logging.getLogger("jumpahead.engine")
+
+
+def _trunk(model: nn.Module) -> nn.Module | None:
+    trunk = getattr(model, "model", None)
+    return trunk if isinstance(trunk, nn.Module) and hasattr(trunk, "embed_tokens") else None
+
+
+def _head_candidates(model: nn.Module, trunk: nn.Module) -> list[Callable[[mx.array], mx.array]]:
+    out = []
+    for owner in (model, getattr(model, "language_model", None)):
+        head = getattr(owner, "lm_head", None) if owner is not None else None
+        if isinstance(head, nn.Module):
+            out.append(head)
+    embed = getattr(trunk, "embed_tokens", None)
+    if embed is not None and hasattr(embed, "as_linear"):
+        out.append(embed.as_linear)
+    return out
 
 
 class ModelRunner:
     def __init__(self, model: nn.Module) -> None:
         self.model = model
-        self.n_layers = len(model.layers)
+        self.layout = model_layout(model)  # raises UnsupportedModel for unknown cache kinds
+        self.n_layers = len(self.layout)
         args = getattr(model, "args", None)
-        model_type = getattr(args, "model_type", None)
-        self.split = model_type in _PLAIN_HEAD and hasattr(model, "model")
-        if self.split and getattr(args, "tie_word_embeddings", False) and not hasattr(model, "lm_head"):
-            self.head = model.model.embed_tokens.as_linear
-        elif self.split and hasattr(model, "lm_head"):
-            self.head = model.lm_head
-        else:
-            self.split = False
-        # Our RowKVCache serves attention layers; models whose mlx-lm cache has
-        # recurrent state (ArraysCache) cannot roll back, so they decline verification.
-        make_cache = getattr(model, "make_cache", None)
-        self.trimmable = True
-        if make_cache is not None:
-            self.trimmable = all(type(c).__name__ in ("KVCache", "RotatingKVCache") for c in make_cache())
-        self.context_length = int(getattr(args, "max_position_embeddings", None) or 32768)
-        self.ragged = self.split and supports_ragged(model)
+        self.model_type = getattr(args, "model_type", None) or type(model).__module__.rsplit(".", 1)[-1]
+        self.recurrent = has_recurrent(self.layout)
+        # Rows of different widths share a padded forward only where the recurrent
+        # layers stop at each row's real tokens; elsewhere every round stays width 1.
+        self.padding_safe = padding_safe(model, self.layout)
+        # Verified proposals need a way back after a rejection: attention rolls back by
+        # pointer, recurrent state by replay; both need padding-safe rounds.
+        self.trimmable = self.padding_safe
+        self.context_length = int(
+            getattr(args, "max_position_embeddings", None)
+            or getattr(getattr(args, "text_config", None) or {}, "get", lambda *_: None)("max_position_embeddings")
+            or 32768
+        )
         # our cache layers' attention calls go through engine/attention.py (fast on CPU)
         attention.install(model)
+        self.trunk = _trunk(model)
+        self.head = None
+        self.key_widths: list[int] = []
+        self._probe()
+        self.split = self.head is not None
+        self.ragged = self.split and supports_ragged(model)
+        if self.recurrent and not self.padding_safe:
+            log.warning("%s: recurrent layers without per-row lengths: proposals are declined", self.model_type)
+
+    def describe(self) -> dict[str, Any]:
+        """/health's account of the layer kinds the engine serves for this model."""
+        out = summary(self.layout)
+        out.update({"model_type": self.model_type, "split_head": self.split, "ragged": self.ragged,
+                    "verifies": self.trimmable})
+        return out
+
+    def _probe(self) -> None:
+        """One tiny forward: which candidate head reproduces the model's logits, and
+        the key width of each attention layer (for packed prefix-cache segments)."""
+        tokens = mx.array([[1, 2, 3]], dtype=mx.int32)
+        cache = RowKVCache(self.layout)
+        cache.ends = [0]
+        cache.begin(3)
+        full = self.model(tokens, cache=cache.layers)
+        mx.eval(full)
+        self.key_widths = [l.keys.shape[-1] if l.keys is not None else 0 for l in cache.attention]
+        # how the prefix cache packs a row's attention KV (None: it cannot; see RowKVCache)
+        self.packing = cache.segment_packing()
+        if self.trunk is None:
+            return
+        cache = RowKVCache(self.layout)
+        cache.ends = [0]
+        cache.begin(3)
+        hidden = self.trunk(tokens, cache=cache.layers)
+        if not isinstance(hidden, mx.array) or hidden.ndim != 3:
+            return
+        scale = float(mx.abs(full).max().item()) or 1.0
+        for head in _head_candidates(self.model, self.trunk):
+            try:
+                logits = head(hidden)
+            except Exception:  # a candidate of another shape
+                continue
+            if logits.shape == full.shape and float(mx.abs(logits - full).max().item()) <= 1e-5 * scale:
+                self.head = head
+                return
 
     def new_cache(self) -> RowKVCache:
-        return RowKVCache(self.n_layers)
+        cache = RowKVCache(self.layout)
+        cache.key_widths = self.key_widths
+        return cache
 
     def forward(
         self,
@@ -53,18 +124,20 @@ class ModelRunner:
         cache: RowKVCache,
         positions: slice | None = slice(-1, None),
         starts: list[int] | None = None,
+        lengths: list[int] | None = None,
     ) -> mx.array | None:
         """Run rows' tokens (equal widths) at their cache ends; return lazy logits.
 
         `positions` selects which of the W positions get logits ([B, n, V]);
         None asks for none (prefill chunks that only fill the cache). `starts`
         overrides where each row writes (a round launched before the previous one
-        was committed writes one past the current ends).
+        was committed writes one past the current ends). `lengths`: each row's real
+        tokens when rows are padded to one width (recurrent state stops there).
         """
         inputs = tokens if isinstance(tokens, mx.array) else mx.array(tokens, dtype=mx.int32)
-        cache.begin(inputs.shape[1], starts)
+        cache.begin(inputs.shape[1], starts, lengths=lengths)
         if self.split:
-            hidden = self.model.model(inputs, cache=cache.layers)
+            hidden = self.trunk(inputs, cache=cache.layers)
             if positions is None:
                 return None
             return self.head(hidden[:, positions, :])
@@ -98,11 +171,40 @@ class ModelRunner:
                 return None, offsets
             return self.head(mx.take(hidden, mx.array(picks, dtype=mx.int32), axis=0)), offsets
         padded = [r + [0] * (width - len(r)) for r in rows]
+        lengths = [len(r) for r in rows]
         if not picks:
-            self.forward(padded, cache, None)
+            self.forward(padded, cache, None, lengths=lengths)
             return None, offsets
-        logits = self.forward(padded, cache, slice(None) if width > 1 else slice(-1, None))
+        logits = self.forward(padded, cache, slice(None) if width > 1 else slice(-1, None), lengths=lengths)
         flat = logits.reshape(-1, logits.shape[-1])
         if len(picks) == flat.shape[0]:
             return flat, offsets
         return mx.take(flat, mx.array(picks, dtype=mx.int32), axis=0), offsets
+
+    def replay(
+        self, cache: RowKVCache, rows: list[list[int]], counts: list[int], before: list[list[mx.array | None]]
+    ) -> int:
+        """Settle recurrent state after a round in which row b consumed only counts[b]
+        of its inputs rows[b] (a rejected proposal, EOS inside a copy, a cut run).
+
+        The forward left each recurrent state after all of a row's inputs; attention
+        rolls back by pointer, state cannot. So the rows that consumed less restart
+        from `before` (the states checkpointed before the round) and replay exactly
+        their consumed prefix in one padded forward without a head. Every row takes
+        part (the batch shares the forward) but the others keep the state the round
+        left them; their attention writes recompute the same keys from the same
+        inputs and state, and writes past a row's end are masked and overwritten.
+        Returns the replay width (0: nothing to replay).
+        """
+        need = [c < len(r) for c, r in zip(counts, rows)]
+        if not self.recurrent or not any(need):
+            return 0
+        width = max(c for c, n in zip(counts, need) if n)
+        after = cache.states()
+        cache.set_states(before)
+        inputs = [(r[:width] + [0] * width)[:width] for r in rows]
+        lengths = [c if n else min(len(r), width) for c, n, r in zip(counts, need, rows)]
+        self.forward(inputs, cache, None, lengths=lengths)
+        cache.choose_states(need, cache.states(), after)
+        mx.eval(cache.arrays())
+        return width

@@ -47,6 +47,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("jumpahead.engine.cache")
 
+# The companion name of recurrent state snapshots (RowKVCache.row_states): unlike a
+# method's companion, it is exact, so a hit is cut back to the deepest snapshot.
+RECURRENT = "recurrent"
+
 
 class CompanionHook(Protocol):
     """A method that keeps its own per-row state (a draft model's cache, an echo index)
@@ -123,11 +127,14 @@ class PrefixCache:
         ram_bytes: int,
         ssd: SsdStore | None = None,
         wake: Callable[[], None] | None = None,
+        exact: bool = False,
     ) -> None:
         self.ram_budget = int(ram_bytes)
         self.ssd = ssd
         self.root = Node(np.zeros(0, np.int32), 0, None)
         self.hooks: list[CompanionHook] = []
+        # The model keeps recurrent state: a hit must end at one of its snapshots.
+        self.exact = exact
         self.counters: Counter[str] = Counter()
         self.ram_bytes = 0
         self.ssd_bytes = 0
@@ -156,6 +163,9 @@ class PrefixCache:
                 return
             capacity = ((len(prompt) + STEP) // STEP) * STEP
             self.install(hit, cache, capacity)
+            state = hit.companions.get(RECURRENT)
+            if state is not None:
+                cache.set_row_states(state[1])
             row.prefilled = hit.length
             row.cached_tokens = hit.length
             for hook in self.hooks:
@@ -164,8 +174,8 @@ class PrefixCache:
                     hook.restore(row, state[1], state[0])
         except Exception:  # the cache is an optimization: fall back to a full prefill
             log.exception("prompt cache: lookup failed; prefilling from scratch")
-            for layer in cache.layers:
-                layer.keys = layer.values = None
+            fresh = type(cache)(cache.layout)
+            cache.__dict__.update({k: v for k, v in fresh.__dict__.items() if k != "key_widths"})
             cache.ends = [0]
             row.prefilled = row.cached_tokens = 0
 
@@ -187,6 +197,8 @@ class PrefixCache:
     def _publish(self, row: "Row", tokens: Sequence[int], cache: RowKVCache, index: int) -> None:
         try:
             companions = {}
+            if cache.recurrent:  # the state after exactly these tokens (an exact snapshot)
+                companions[RECURRENT] = cache.row_states(index)
             for hook in self.hooks:
                 state = hook.capture(row, len(tokens))
                 if state:
@@ -217,6 +229,9 @@ class PrefixCache:
                     break
             else:
                 return Hit()
+            if self.exact and m:
+                m = self._exact_length(path, m)
+                path = self._cut_path(path, m)
             if m == 0:
                 return Hit()
             pieces = []
@@ -239,15 +254,28 @@ class PrefixCache:
 
     def install(self, hit: Hit, cache: RowKVCache, capacity: int) -> None:
         """Write the hit into `cache` (a single-row cache) as new buffers of `capacity`."""
-        first = hit.pieces[0]
-        _, _, H, _, D = first.shape
-        pad = max(capacity - hit.length, 1)
-        zeros = mx.zeros((1, H, pad, D), first.dtype)
-        for l, layer in enumerate(cache.layers):
-            layer.keys = mx.concatenate([p[l, 0][None] for p in hit.pieces] + [zeros], axis=2)
-            layer.values = mx.concatenate([p[l, 1][None] for p in hit.pieces] + [zeros], axis=2)
-        cache.ends = [hit.length]
+        cache.install_segments(hit.pieces, hit.length, capacity)
         mx.eval(cache.arrays())
+
+    def _exact_length(self, path: list[tuple[Node, int]], m: int) -> int:
+        """The longest hit not past m that ends where an exact snapshot (recurrent
+        state) was taken: such state exists only at the token count it was taken at."""
+        best = 0
+        for node, k in path:
+            if k == len(node.label):
+                c = node.companions.get(RECURRENT)
+                if c is not None and c.arrays is not None and c.length == node.end and c.length <= m:
+                    best = c.length
+        return best
+
+    @staticmethod
+    def _cut_path(path: list[tuple[Node, int]], m: int) -> list[tuple[Node, int]]:
+        out = []
+        for node, k in path:
+            if node.start >= m:
+                break
+            out.append((node, min(k, m - node.start)))
+        return out
 
     def _match(self, q: np.ndarray) -> tuple[list[tuple[Node, int]], int]:
         """Walk the tree along q: [(node, tokens of its label matched)], total matched."""
@@ -292,10 +320,7 @@ class PrefixCache:
                 parent = node if k == len(node.label) else self._split(node, k)
             target, kv = parent, None
             if m < n:
-                kv = mx.stack(
-                    [mx.stack([l.keys[index, :, m:n, :], l.values[index, :, m:n, :]]) for l in cache.layers]
-                )
-                mx.eval(kv)
+                kv = cache.segment(index, m, n)
                 target = Node(q[m:n].copy(), m, parent)
                 parent.children[int(q[m])] = target
                 target.kv = kv

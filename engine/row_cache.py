@@ -1,14 +1,31 @@
-"""A batched KV cache whose rows have independent ends.
+"""A batched cache whose rows have independent ends, for every layer kind mlx-lm uses.
 
-Each row b owns batch index b of every layer's key/value buffers and writes its new
-tokens at its own end `ends[b]`, so rolling row b back by r tokens is `ends[b] -= r`:
-no data moves. Queries see explicit per-row masks and per-row RoPE offsets. The
-buffers grow in steps along the sequence axis like mlx-lm's KVCache.
+Each row b owns batch index b of every layer's buffers and writes its new tokens at
+its own end `ends[b]`. The group holds one layer object per entry of the model's
+cache list (engine/cache_layout.py derives the kinds from mlx-lm's `make_cache()`):
+
+- full attention (`LayerCache`; MLA latents too: keys and values may differ in width):
+  rolling row b back by r tokens is `ends[b] -= r`; no data moves. Queries see
+  explicit per-row masks and per-row RoPE offsets.
+- sliding window (`SlidingLayerCache`): the same buffers, keys kept in full, so a
+  rollback never needs an evicted key and the prefix cache can cut a sliding layer's
+  KV at any token like a full layer's; a query sees only its window through the mask,
+  and each forward's attention reads only the columns some row's window reaches
+  (`ForwardPlan.window`), so long contexts do not cost sliding layers more compute.
+- recurrent state (`RecurrentLayerCache`: conv and Gated DeltaNet / SSM state, what
+  mlx-lm's ArraysCache holds): one state per row, no positions. Rows of different
+  widths share a padded forward through mlx-lm's own batching convention
+  (`cache.lengths`: the state stops after each row's real tokens). It cannot roll
+  back by moving a pointer: the scheduler keeps the state from before a verifying
+  round and replays the accepted prefix (ModelRunner.replay).
+- several per layer (`ListLayerCache`, mlx-lm's CacheList).
 
 We write our own instead of mlx-lm's BatchKVCache because that one left-pads rows to
 share a single write pointer, which cannot roll back one row without touching others.
-The layer objects implement the interface mlx-lm's attention layers call
-(`offset`, `update_and_fetch`, `make_mask`), so mlx-lm's model classes run unchanged.
+The layer objects implement the interface mlx-lm's layers call (`offset`,
+`update_and_fetch`, `make_mask`, `cache[i]`, `lengths`, `advance`), so mlx-lm's
+model classes run unchanged. The buffers grow in steps along the sequence axis like
+mlx-lm's KVCache.
 """
 
 from __future__ import annotations
@@ -16,6 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import mlx.core as mx
+
+from .cache_layout import FULL, LIST, RECURRENT, SLIDING, LayerKind
 
 STEP = 256  # sequence-axis growth quantum, as in mlx-lm
 
@@ -31,11 +50,17 @@ class ForwardPlan:
     uniform: bool  # all starts equal: a single slice write serves every row
     span: int  # S: columns the queries can see (max(starts) + width)
     index: mx.array | None  # [B,1,W,1] write positions when not uniform
+    # Real tokens per row when rows of different widths are padded to `width`
+    # (recurrent layers stop their state there); None when every row is `width` wide.
+    lengths: list[int] | None = None
     # A packed (ragged) forward writes only its real tokens: token t belongs to row
     # token_rows[t] at position token_pos[t] (engine/ragged.py); set by its layout.
     token_rows: list[int] | None = None
     token_pos: list[int] | None = None
     _flat: dict[tuple[int, int], mx.array] = field(default_factory=dict)
+    _windows: dict[tuple[int, bool], tuple[int, mx.array | None]] = field(default_factory=dict)
+    _lengths: mx.array | None = None
+    _causal: mx.array | None = None
 
     def flat_index(self, heads: int, capacity: int) -> mx.array:
         """[T*heads] indices of the packed tokens' slots in a [B*heads*capacity, D]
@@ -48,11 +73,53 @@ class ForwardPlan:
             )
         return self._flat[key]
 
+    def window(self, size: int, sliced: bool = True) -> tuple[int, mx.array | None]:
+        """(first column, mask) for layers whose queries see the last `size` keys.
 
-def plan_forward(starts: list[int], width: int, explicit: bool = False) -> ForwardPlan:
+        A query at position p sees keys j with p - size < j <= p (mlx-lm's
+        RotatingKVCache and create_causal_mask). `sliced`: the layer's attention reads
+        only columns [lo, span), lo being the first any row's window reaches; the mask
+        covers those columns. Shared by every layer of the forward with that window.
+        """
+        key = (size, sliced)
+        found = self._windows.get(key)
+        if found is None:
+            lo = max(0, min(self.starts) - size + 1) if sliced else 0
+            if self.uniform and self.width == 1 and self.starts[0] - lo < size:
+                mask = None  # the single query sees every column it is given
+            else:
+                starts = self.starts[:1] if self.uniform else self.starts
+                pos = mx.array(starts, dtype=mx.int32)[:, None] + mx.arange(self.width, dtype=mx.int32)[None, :]
+                cols = mx.arange(lo, self.span, dtype=mx.int32)[None, None, :]
+                p = pos[:, :, None]
+                mask = ((cols <= p) & (cols > p - size))[:, None, :, :]  # [B or 1, 1, W, S - lo]
+            found = self._windows[key] = (lo, mask)
+        return found
+
+    def causal_array(self) -> mx.array | str | None:
+        """The plan's mask as an array (models that combine it with scores of their own)."""
+        if not isinstance(self.mask, str):
+            return self.mask
+        if self._causal is None:
+            rows = mx.arange(self.width, dtype=mx.int32)[:, None] + (self.span - self.width)
+            self._causal = (mx.arange(self.span, dtype=mx.int32)[None, :] <= rows)[None, None]
+        return self._causal
+
+    def lengths_array(self) -> mx.array | None:
+        if self.lengths is None:
+            return None
+        if self._lengths is None:
+            self._lengths = mx.array(self.lengths, dtype=mx.int32)
+        return self._lengths
+
+
+def plan_forward(
+    starts: list[int], width: int, explicit: bool = False, lengths: list[int] | None = None
+) -> ForwardPlan:
     """Precompute the mask/offset shared by every layer of one forward. `explicit`
     asks for the per-row mask array even when all starts are equal (a ragged
-    forward slices it per run of rows; engine/ragged.py)."""
+    forward slices it per run of rows; engine/ragged.py). `lengths`: each row's real
+    tokens when the rows are padded to `width`."""
     uniform = not explicit and all(s == starts[0] for s in starts)
     span = max(starts) + width
     offset = mx.array(starts, dtype=mx.int32)
@@ -65,7 +132,9 @@ def plan_forward(starts: list[int], width: int, explicit: bool = False) -> Forwa
         cols = mx.arange(span, dtype=mx.int32)
         mask = (cols[None, None, :] <= pos[:, :, None])[:, None, :, :]  # [B,1,W,S]
         index = pos[:, None, :, None]
-    return ForwardPlan(list(starts), width, offset, mask, uniform, span, index)
+    if lengths is not None and all(n == width for n in lengths):
+        lengths = None
+    return ForwardPlan(list(starts), width, offset, mask, uniform, span, index, list(lengths) if lengths else None)
 
 
 class LayerCache:
@@ -73,7 +142,7 @@ class LayerCache:
 
     def __init__(self) -> None:
         self.keys: mx.array | None = None  # [B, H, capacity, D]
-        self.values: mx.array | None = None
+        self.values: mx.array | None = None  # [B, H, capacity, Dv] (MLA: Dv != D)
         self.plan: ForwardPlan | None = None
 
     # --- the interface mlx-lm attention layers call -------------------------------
@@ -83,12 +152,19 @@ class LayerCache:
         return plan.starts[0] if plan.uniform else plan.offset
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
+        plan = self.plan
         if window_size is not None:
-            raise NotImplementedError("sliding-window layers are not supported by RowKVCache")
-        mask = self.plan.mask
-        if return_array and isinstance(mask, str):
-            return plan_forward([0] * len(self.plan.starts), n).mask  # never hit by llama
-        return mask
+            # The model builds one windowed mask (from a sliding layer's cache) for all
+            # its layers with that window: it covers the columns those layers return.
+            return plan.window(window_size, sliced=self._slices(window_size))[1]
+        return plan.causal_array() if return_array else plan.mask
+
+    def _slices(self, window: int) -> bool:
+        return False
+
+    def _visible(self) -> int:
+        """First cache column this layer's queries read in the current forward."""
+        return 0
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         plan = self.plan
@@ -104,7 +180,8 @@ class LayerCache:
             self.values = mx.put_along_axis(
                 self.values, mx.broadcast_to(idx, values.shape), values, axis=2
             )
-        return self.keys[..., : plan.span, :], self.values[..., : plan.span, :]
+        lo = self._visible()
+        return self.keys[..., lo : plan.span, :], self.values[..., lo : plan.span, :]
 
     def update_tokens(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Write packed tokens' keys/values [T, H, D] at their rows' positions (the
@@ -157,30 +234,136 @@ class LayerCache:
         )
 
 
-class RowKVCache:
-    """All layers' caches for one group of rows, plus each row's end pointer."""
+class SlidingLayerCache(LayerCache):
+    """A sliding-window attention layer: full buffers, windowed reads (module docstring)."""
 
-    def __init__(self, n_layers: int) -> None:
-        self.layers = [LayerCache() for _ in range(n_layers)]
+    def __init__(self, window: int) -> None:
+        super().__init__()
+        self.window = window
+
+    def _slices(self, window: int) -> bool:
+        return window == self.window
+
+    def _visible(self) -> int:
+        return self.plan.window(self.window)[0]
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
+        # A model asking a sliding layer's cache for its mask without naming the window
+        # gets the layer's own window (mlx-lm's RotatingKVCache does the same).
+        return self.plan.window(window_size or self.window)[1]
+
+    def update_tokens(self, keys, values):  # the ragged path serves only full layers
+        raise NotImplementedError("sliding-window layers take the padded forward")
+
+
+class RecurrentLayerCache:
+    """A recurrent layer's state arrays, one batch row per group row (mlx-lm's
+    ArraysCache interface: `cache[i]`, `lengths`, `advance`, `make_mask`)."""
+
+    def __init__(self, size: int) -> None:
+        self.cache: list[mx.array | None] = [None] * size
+        self.plan: ForwardPlan | None = None
+        self.left_padding = None  # mlx-lm's left-padded batching; our rows are right-padded
+
+    def __getitem__(self, i: int) -> mx.array | None:
+        return self.cache[i]
+
+    def __setitem__(self, i: int, value: mx.array) -> None:
+        self.cache[i] = value
+
+    @property
+    def lengths(self) -> mx.array | None:
+        return None if self.plan is None else self.plan.lengths_array()
+
+    def advance(self, n: int) -> None:
+        """mlx-lm counts lengths down after each forward; ours are set per forward."""
+
+    def make_mask(self, n: int, **_: object) -> mx.array | None:
+        lengths = self.lengths
+        if lengths is None:
+            return None
+        return mx.arange(n, dtype=mx.int32)[None, :] < lengths[:, None]
+
+    @property
+    def state(self):
+        return self.cache
+
+    def empty(self) -> bool:
+        return self.cache[0] is None
+
+
+class ListLayerCache:
+    """Several caches for one layer (mlx-lm's CacheList): the layer indexes them."""
+
+    def __init__(self, caches: list) -> None:
+        self.caches = caches
+
+    def __getitem__(self, i: int):
+        return self.caches[i]
+
+
+def _build(kind: LayerKind):
+    if kind.kind == FULL:
+        return LayerCache()
+    if kind.kind == SLIDING:
+        return SlidingLayerCache(int(kind.window))
+    if kind.kind == RECURRENT:
+        return RecurrentLayerCache(kind.size)
+    if kind.kind == LIST:
+        return ListLayerCache([_build(k) for k in kind.children])
+    raise ValueError(f"unknown layer kind {kind.kind!r}")
+
+
+def _leaves(layers: list) -> list:
+    out = []
+    for layer in layers:
+        out.extend(_leaves(layer.caches) if isinstance(layer, ListLayerCache) else [layer])
+    return out
+
+
+def _take(a: mx.array | None, idx: mx.array) -> mx.array | None:
+    return None if a is None else a[idx]
+
+
+class RowKVCache:
+    """All layers' caches for one group of rows, plus each row's end pointer.
+
+    `layout`: the model's LayerKinds (engine/cache_layout.py), or a layer count for a
+    model of full-attention layers only."""
+
+    def __init__(self, layout: list[LayerKind] | int) -> None:
+        if isinstance(layout, int):
+            layout = [LayerKind(FULL)] * layout
+        self.layout = list(layout)
+        self.layers = [_build(k) for k in self.layout]
+        self.leaves = _leaves(self.layers)
+        self.attention: list[LayerCache] = [l for l in self.leaves if isinstance(l, LayerCache)]
+        self.recurrent: list[RecurrentLayerCache] = [l for l in self.leaves if isinstance(l, RecurrentLayerCache)]
         self.ends: list[int] = []
 
     @property
     def size(self) -> int:
         return len(self.ends)
 
-    def begin(self, width: int, starts: list[int] | None = None, explicit: bool = False) -> ForwardPlan:
-        """Prepare a forward of `width` tokens per row, written at each row's end."""
-        plan = plan_forward(self.ends if starts is None else starts, width, explicit)
-        for layer in self.layers:
+    def begin(
+        self, width: int, starts: list[int] | None = None, explicit: bool = False, lengths: list[int] | None = None
+    ) -> ForwardPlan:
+        """Prepare a forward of `width` tokens per row, written at each row's end
+        (`lengths`: real tokens per row when rows are padded to `width`)."""
+        plan = plan_forward(self.ends if starts is None else starts, width, explicit, lengths)
+        for layer in self.leaves:
             layer.plan = plan
         return plan
 
     def advance(self, counts: list[int]) -> None:
-        """Commit `counts[b]` tokens of the last forward for row b (the rest roll back)."""
+        """Commit `counts[b]` tokens of the last forward for row b (the rest roll back;
+        recurrent state must already be at those counts: ModelRunner.replay)."""
         self.ends = [e + c for e, c in zip(self.ends, counts)]
 
     def rollback(self, row: int, n: int) -> None:
         """O(1): move row's end pointer back; the stale columns are masked and overwritten."""
+        if self.recurrent:
+            raise RuntimeError("recurrent state cannot be rolled back by a pointer (ModelRunner.replay)")
         self.ends[row] = max(0, self.ends[row] - n)
 
     def append_rows(self, other: "RowKVCache") -> None:
@@ -188,14 +371,30 @@ class RowKVCache:
         if other.size == 0:
             return
         if self.size == 0:
-            self.layers, self.ends = other.layers, list(other.ends)
+            self.layers, self.leaves, self.ends = other.layers, other.leaves, list(other.ends)
+            self.attention, self.recurrent = other.attention, other.recurrent
             return
-        for mine, theirs in zip(self.layers, other.layers):
+        for mine, theirs in zip(self.attention, other.attention):
+            if theirs.keys is None:
+                continue
+            if mine.keys is None:  # never written: this group's rows had no tokens here
+                theirs.fit(1)
+                mine.keys = mx.zeros((self.size, *theirs.keys.shape[1:]), theirs.keys.dtype)
+                mine.values = mx.zeros((self.size, *theirs.values.shape[1:]), theirs.values.dtype)
             cap = max(mine.capacity, theirs.capacity)
             mine.fit(cap)
             theirs.fit(cap)
             mine.keys = mx.concatenate([mine.keys, theirs.keys], axis=0)
             mine.values = mx.concatenate([mine.values, theirs.values], axis=0)
+        for mine, theirs in zip(self.recurrent, other.recurrent):
+            for i, (a, b) in enumerate(zip(mine.cache, theirs.cache)):
+                if a is None and b is None:
+                    continue
+                if a is None:
+                    a = mx.zeros((self.size, *b.shape[1:]), b.dtype)
+                if b is None:
+                    b = mx.zeros((other.size, *a.shape[1:]), a.dtype)
+                mine.cache[i] = mx.concatenate([a, b], axis=0)
         self.ends += other.ends
 
     def remove_rows(self, rows: list[int]) -> None:
@@ -204,14 +403,113 @@ class RowKVCache:
         keep = [i for i in range(self.size) if i not in drop]
         self.ends = [self.ends[i] for i in keep]
         if not keep:
-            for layer in self.layers:
+            for layer in self.attention:
                 layer.keys = layer.values = None
+            for layer in self.recurrent:
+                layer.cache = [None] * len(layer.cache)
             return
         idx = mx.array(keep, dtype=mx.int32)
-        for layer in self.layers:
-            layer.keys = layer.keys[idx]
-            layer.values = layer.values[idx]
-        mx.eval([l.keys for l in self.layers] + [l.values for l in self.layers])
+        for layer in self.attention:
+            layer.keys = _take(layer.keys, idx)
+            layer.values = _take(layer.values, idx)
+        for layer in self.recurrent:
+            layer.cache = [_take(a, idx) for a in layer.cache]
+        mx.eval(self.arrays())
 
     def arrays(self) -> list[mx.array]:
-        return [a for l in self.layers for a in (l.keys, l.values) if a is not None]
+        out = [a for l in self.attention for a in (l.keys, l.values) if a is not None]
+        return out + [a for l in self.recurrent for a in l.cache if a is not None]
+
+    # --- recurrent state: checkpoints around a verifying round ---------------------------
+    def states(self) -> list[list[mx.array | None]]:
+        """The recurrent layers' state arrays as they are now (arrays never change in
+        place, so this is a checkpoint that costs nothing)."""
+        return [list(l.cache) for l in self.recurrent]
+
+    def set_states(self, states: list[list[mx.array | None]]) -> None:
+        for layer, s in zip(self.recurrent, states):
+            layer.cache = list(s)
+
+    def choose_states(self, rows: list[bool], chosen: list[list], other: list[list]) -> None:
+        """Per row: `chosen` states where rows[b], `other` states elsewhere."""
+        sel = mx.array(rows)
+        for layer, a_list, b_list in zip(self.recurrent, chosen, other):
+            out = []
+            for a, b in zip(a_list, b_list):
+                if a is None or b is None:
+                    out.append(a if b is None else b)
+                    continue
+                out.append(mx.where(sel.reshape((-1,) + (1,) * (a.ndim - 1)), a, b))
+            layer.cache = out
+
+    # --- the prefix cache's view: segments of one row -----------------------------------
+    def segment_packing(self) -> str | None:
+        """How one row's attention KV packs into one array: "pair" ([L, 2, H, n, D]),
+        "concat" (keys and values of different widths, MLA: [L, 1, H, n, Dk + Dv]),
+        "none" (no attention layers), or None when the layers' shapes differ (no
+        single array holds them; the prefix cache is off for such models)."""
+        if not self.attention:
+            return "none"
+        shapes = {(l.keys.shape[1], l.keys.shape[3], l.values.shape[3], l.keys.dtype)
+                  for l in self.attention if l.keys is not None}
+        if len(shapes) != 1 or any(l.keys is None for l in self.attention):
+            return None
+        _, dk, dv, _ = shapes.pop()
+        return "pair" if dk == dv else "concat"
+
+    def segment(self, index: int, start: int, end: int) -> mx.array:
+        """Row `index`'s attention KV at positions [start, end) as one fresh array."""
+        packing = self.segment_packing()
+        if packing == "none":
+            return mx.zeros((0, 1, 1, end - start, 1), mx.float32)
+        if packing == "pair":
+            kv = mx.stack([mx.stack([l.keys[index, :, start:end, :], l.values[index, :, start:end, :]])
+                           for l in self.attention])
+        elif packing == "concat":
+            kv = mx.stack([mx.concatenate([l.keys[index, :, start:end, :], l.values[index, :, start:end, :]],
+                                          axis=-1)[None] for l in self.attention])
+        else:
+            raise ValueError("attention layers of different shapes cannot be packed into one segment")
+        mx.eval(kv)
+        return kv
+
+    def install_segments(self, pieces: list[mx.array], length: int, capacity: int) -> None:
+        """Fill this single-row cache with `pieces` (segments covering [0, length))
+        as new buffers of `capacity` columns."""
+        pad = max(capacity - length, 1)
+        for l, layer in enumerate(self.attention):
+            parts = [p[l] for p in pieces]  # each [2 or 1, H, n, D']
+            first = parts[0]
+            H = first.shape[1]
+            if first.shape[0] == 2:
+                keys = [p[0] for p in parts]
+                values = [p[1] for p in parts]
+            else:
+                dk = self._key_width(l)
+                keys = [p[0, :, :, :dk] for p in parts]
+                values = [p[0, :, :, dk:] for p in parts]
+            dk, dv = keys[0].shape[-1], values[0].shape[-1]
+            layer.keys = mx.concatenate([k[None] for k in keys] + [mx.zeros((1, H, pad, dk), first.dtype)], axis=2)
+            layer.values = mx.concatenate([v[None] for v in values] + [mx.zeros((1, H, pad, dv), first.dtype)], axis=2)
+        self.ends = [length]
+
+    def _key_width(self, layer: int) -> int:
+        dk = getattr(self, "key_widths", None)
+        if not dk:
+            raise ValueError("a packed (concat) segment needs the layers' key widths")
+        return dk[layer]
+
+    def row_states(self, index: int) -> dict[str, mx.array]:
+        """Row `index`'s recurrent state arrays as fresh copies ({"layer.array": [1, ...]})."""
+        out = {}
+        for i, layer in enumerate(self.recurrent):
+            for e, a in enumerate(layer.cache):
+                if a is not None:
+                    out[f"{i}.{e}"] = mx.contiguous(a[index : index + 1])
+        mx.eval(list(out.values()))
+        return out
+
+    def set_row_states(self, states: dict[str, mx.array]) -> None:
+        """Install one row's recurrent states (this cache holds that row alone)."""
+        for i, layer in enumerate(self.recurrent):
+            layer.cache = [states.get(f"{i}.{e}") for e in range(len(layer.cache))]

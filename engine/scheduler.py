@@ -76,6 +76,9 @@ class Scheduler:
         self.width_policy = WidthPolicy()
         pipeline = config.pipeline_greedy
         self.pipeline = mx.default_device() == mx.gpu if pipeline is None else pipeline
+        # A queued round advances recurrent state past the rows' ends; only attention
+        # can drop it by pointer.
+        self.pipeline = self.pipeline and not runner.recurrent
 
     # --- called from other threads ----------------------------------------------------
     def submit(self, row: Row) -> None:
@@ -210,7 +213,13 @@ class Scheduler:
                     if asserted_only and not prop.asserted:
                         break
                     if not prop.asserted and not self.runner.trimmable:
-                        row.stats.declined[proposer.name] = "model cache cannot be rolled back (recurrent layers)"
+                        row.stats.declined[proposer.name] = (
+                            "model cache cannot be rolled back (recurrent layers without per-row lengths)")
+                        continue
+                    if prop.asserted and batch > 1 and not self.runner.padding_safe:
+                        # recurrent layers that would fold a neighbour's padding into
+                        # their state: rounds stay width 1 (ModelRunner.padding_safe)
+                        row.stats.declined[proposer.name] = "model's recurrent layers cannot skip padding"
                         continue
                     cap = self.config.max_asserted if prop.asserted else self.config.max_proposal
                     keep = min(budget, cap, len(prop.tokens))
@@ -335,6 +344,7 @@ class Scheduler:
             0 if p is not None and p.asserted and p.cut else len(x) if p is not None and not p.asserted else 1
             for p, x in zip(props, inputs)
         ]
+        checkpoint = self.group.states()  # recurrent checkpoint (free: arrays are values)
         logits, offsets = self.runner.forward_ragged(inputs, self.group, n_logits)
         if logits is None:
             mx.eval(self.group.arrays())
@@ -359,6 +369,8 @@ class Scheduler:
             counts.append(consumed)
             if row.finish_reason is not None:
                 done.append(i)
+        if self.runner.replay(self.group, inputs, counts, checkpoint):
+            self.counters["replays"] += 1
         self.group.advance(counts)
         self.counters["forwards"] += 1
         self.counters["rounds"] += 1
