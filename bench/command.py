@@ -20,6 +20,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "load": ("jumpahead.bench.load", "N concurrent streaming clients, mixed protocols: errors, latency, RSS"),
     "disconnect": ("jumpahead.bench.disconnect", "clients vanishing mid-prefill and mid-stream: rows, memory, next request"),
     "crash": ("jumpahead.bench.crash", "SIGKILL during SSD cache and trace writes: restart, outputs, traces"),
+    "family-model": ("jumpahead.bench.family_models", "build a random-weight model of a layer family "
+                     "(sliding, sinks, MLA, hybrid recurrent) for the other benches' --model"),
     "trace-size": ("jumpahead.bench.trace_size", "trace file bytes: delta-encoded turn lines vs every turn whole"),
 }
 

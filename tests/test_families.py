@@ -21,7 +21,7 @@ from mlx_lm import stream_generate
 
 from jumpahead.engine.proposal import Proposal
 from jumpahead.engine.types import GenerationRequest
-from tests.families import FAMILIES, WINDOW, build
+from jumpahead.bench.family_models import FAMILIES, WINDOW, build
 from tests.oracle import assert_same_or_near_tie, reference_logits
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,5 @@
-"""Tiny random-weight models of every layer family, built from mlx-lm's own classes.
+"""Random-weight models of every layer family, built from mlx-lm's own classes
+(tests' oracles; `bench families` times them at a bench size).
 
 Exactness does not need good weights: each family's config is shrunk to a few small
 layers, the model is instantiated by mlx-lm's own Model class, its random weights are
@@ -60,14 +61,39 @@ FAMILIES = list(CONFIGS)
 WEIGHT_SCALE = 3.0
 
 
-def build(family: str, root: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
-    """An mlx-lm folder with `family`'s tiny random model (cached under root)."""
+# A bench-sized shape (about the default model's cost per token): what `size="bench"`
+# changes in a family's config (text_config for nested ones).
+BENCH_SIZE = {"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+              "intermediate_size": 1536, "moe_intermediate_size": 384, "shared_expert_intermediate_size": 384,
+              "linear_num_value_heads": 8, "linear_num_key_heads": 4, "linear_key_head_dim": 64,
+              "linear_value_head_dim": 64, "num_hidden_layers": 24, "sliding_window": 512}
+
+
+def family_config(family: str, size: str = "tiny") -> dict:
+    config = json.loads(json.dumps(CONFIGS[family]))
+    if size == "bench":
+        target = config.get("text_config", config)
+        for k, v in BENCH_SIZE.items():
+            if k in target or k == "num_hidden_layers":
+                target[k] = v
+        if "layer_types" in target:
+            target["layer_types"] = [("sliding_attention", "full_attention")[i % 2] for i in range(target["num_hidden_layers"])]
+        if family == "gemma3_text":
+            target.update({"num_key_value_heads": 1, "head_dim": 256, "num_attention_heads": 4,
+                           "query_pre_attn_scalar": 256, "sliding_window_pattern": 6})
+    elif size != "tiny":
+        raise ValueError(f"size must be tiny or bench, got {size!r}")
+    return config
+
+
+def build(family: str, root: Path, tokenizer_dir: Path, seed: int = 0, size: str = "tiny") -> Path:
+    """An mlx-lm folder with `family`'s random model (cached under root)."""
     from mlx_lm.utils import _get_classes
 
-    out = Path(root) / family
+    out = Path(root) / (family if size == "tiny" else f"{family}-{size}")
     if (out / "model.safetensors").exists():
         return out
-    config = json.loads(json.dumps(CONFIGS[family]))
+    config = family_config(family, size)
     model_class, args_class = _get_classes(config)
     mx.random.seed(seed)
     model = model_class(args_class.from_dict(config))
@@ -86,3 +112,24 @@ def build(family: str, root: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
             shutil.copy(tokenizer_dir / name, tmp / name)
     tmp.rename(out)
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`jumpahead bench family-model FAMILY [--size bench] [--out DIR]`: build the folder
+    and print its path as JSON (give it to the other benches' --model)."""
+    import argparse
+
+    from jumpahead.engine.default_model import ensure_default_model
+
+    from .output import emit
+
+    ap = argparse.ArgumentParser(prog="jumpahead bench family-model", description=main.__doc__.split("\n")[0])
+    ap.add_argument("family", choices=FAMILIES)
+    ap.add_argument("--size", choices=("tiny", "bench"), default="bench",
+                    help="tiny: the tests' oracles; bench: about the default model's cost per token (default)")
+    ap.add_argument("--out", default=None, help="parent folder (default: the jumpahead cache's family-models/)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    root = Path(args.out) if args.out else ensure_default_model(progress=lambda s: None).parent.parent / "family-models"
+    path = build(args.family, root, ensure_default_model(progress=lambda s: None), args.seed, args.size)
+    return emit({"family": args.family, "size": args.size, "path": str(path)})
