@@ -55,6 +55,11 @@ CONFIGS: dict[str, dict] = {
                     "num_experts_per_tok": 2, "kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 8,
                     "v_head_dim": 16, "qk_nope_head_dim": 16, "first_k_dense_replace": 1, "n_group": 1,
                     "topk_group": 1},
+    # a CacheList per layer: Mamba-2 state and attention side by side
+    "falcon_h1": {**_BASE, "model_type": "falcon_h1", "num_hidden_layers": 2, "mamba_d_conv": 4,
+                  "mamba_d_head": 16, "mamba_d_ssm": 64, "mamba_d_state": 16, "mamba_expand": 2,
+                  "mamba_n_groups": 1, "mamba_n_heads": 4, "mamba_chunk_size": 16, "mlp_expansion_factor": 2,
+                  "tie_word_embeddings": True},
 }
 
 FAMILIES = list(CONFIGS)

@@ -1,7 +1,7 @@
 """Every layer family mlx-lm runs, served exactly: full attention (llama), MoE
 (qwen3_moe), sliding window + global (gemma3_text), sliding window + attention sinks
 + MoE (gpt_oss), hybrid Gated DeltaNet (qwen3_next, qwen3_5), MLA latents + MoE
-(deepseek_v3). Tiny random-weight models built from mlx-lm's own classes
+(deepseek_v3), Mamba-2 state beside attention in one CacheList per layer (falcon_h1). Tiny random-weight models built from mlx-lm's own classes
 (tests/families.py) are the oracles' subjects; mlx-lm's `stream_generate` and plain
 forwards are the references.
 """
