@@ -321,6 +321,15 @@ def _leaves(layers: list) -> list:
     return out
 
 
+def _joined(parts: list[mx.array], pad: int) -> mx.array:
+    """[1, H, sum(n) + pad, D] from parts [H, n, D], in one new buffer (mx.pad of a
+    single part measured 2x faster than concatenating it with zeros)."""
+    if len(parts) == 1:
+        return mx.pad(parts[0][None], [(0, 0), (0, 0), (0, pad), (0, 0)])
+    H, _, D = parts[0].shape
+    return mx.concatenate(parts + [mx.zeros((H, pad, D), parts[0].dtype)], axis=1)[None]
+
+
 def _take(a: mx.array | None, idx: mx.array) -> mx.array | None:
     return None if a is None else a[idx]
 
@@ -488,9 +497,8 @@ class RowKVCache:
                 dk = self._key_width(l)
                 keys = [p[0, :, :, :dk] for p in parts]
                 values = [p[0, :, :, dk:] for p in parts]
-            dk, dv = keys[0].shape[-1], values[0].shape[-1]
-            layer.keys = mx.concatenate([k[None] for k in keys] + [mx.zeros((1, H, pad, dk), first.dtype)], axis=2)
-            layer.values = mx.concatenate([v[None] for v in values] + [mx.zeros((1, H, pad, dv), first.dtype)], axis=2)
+            layer.keys = _joined(keys, pad)
+            layer.values = _joined(values, pad)
         self.ends = [length]
 
     def _key_width(self, layer: int) -> int:
