@@ -92,6 +92,9 @@ class Engine:
         self.rows = RowRegistry()
         self.prefix_cache = self._make_prefix_cache()
         self.scheduler.prefix_cache = self.prefix_cache
+        # Made now, not on the first request: strict fill imports xgrammar (and torch),
+        # ~1 s once per process, which a restarted server's first turn would pay.
+        _ = self.strict
         self.started_at = time.time()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="jumpahead-engine", daemon=True)

@@ -32,6 +32,8 @@ TEXTS = [
     "What is the capital of France? Answer in one word, then explain why it is the capital.",
 ]
 N = 16
+REAL = "gemma3-270m"  # real weights of a second family (engine/gemma3_model.py): slow, downloads once
+ALL = [*FAMILIES, pytest.param(REAL, marks=pytest.mark.slow)]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,7 @@ def family_dir(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("families")
     tok = ensure_default_model(progress=lambda s: None)
-    return lambda fam: build(fam, root, tok)
+    return lambda fam: fam if fam == REAL else build(fam, root, tok)
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +107,7 @@ class ScriptedVerified:
         pass
 
 
-@pytest.mark.parametrize("fam", FAMILIES)
+@pytest.mark.parametrize("fam", ALL)
 def test_greedy_equals_mlx_lm(family, fam):
     f = family(fam)
     prompt = f["prompts"][0]
@@ -114,7 +116,8 @@ def test_greedy_equals_mlx_lm(family, fam):
     got = ordinary(f, 0)
     assert_same_or_near_tie(f["model"], prompt, got, want)
     layers = f["engine"].health()["layers"]["layers"]
-    expect = {"gemma3_text": "sliding", "gpt_oss": "sliding", "qwen3_next": "recurrent", "qwen3_5": "recurrent"}
+    expect = {"gemma3_text": "sliding", "gpt_oss": "sliding", "qwen3_next": "recurrent", "qwen3_5": "recurrent",
+              "falcon_h1": "recurrent", REAL: "sliding"}
     assert expect.get(fam, "full") in layers
 
 
@@ -126,7 +129,7 @@ async def _collect(engine, req: GenerationRequest, delay: float) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("fam", FAMILIES)
+@pytest.mark.parametrize("fam", ALL)
 def test_batch_of_four_equals_alone(family, fam):
     """Four rows with different prompt lengths and staggered joins, with verified
     proposals of different widths in the same rounds (padding), each equal to alone."""
@@ -147,7 +150,7 @@ def test_batch_of_four_equals_alone(family, fam):
         assert_same_or_near_tie(f["model"], f["prompts"][i], got[i], alone[i])
 
 
-@pytest.mark.parametrize("fam", FAMILIES)
+@pytest.mark.parametrize("fam", ALL)
 @pytest.mark.parametrize("mode", ["accept", "partial", "first"])
 def test_verified_proposals_equal_ordinary(family, fam, mode):
     f = family(fam)
@@ -166,7 +169,7 @@ def test_verified_proposals_equal_ordinary(family, fam, mode):
     assert_same_or_near_tie(f["model"], f["prompts"][1], got, want)
 
 
-@pytest.mark.parametrize("fam", FAMILIES)
+@pytest.mark.parametrize("fam", ALL)
 @pytest.mark.parametrize("method", ["echo", "ngram", "draft"])
 def test_methods_equal_ordinary(family, family_dir, fam, method):
     """The real proposers (draft: the tiny llama as draft model) on a copy-heavy prompt."""
@@ -175,7 +178,9 @@ def test_methods_equal_ordinary(family, family_dir, fam, method):
 
     f = family(fam)
     eng = f["engine"]
-    if method == "draft" and eng.draft is None:
+    if method == "draft" and eng.draft is None and fam == REAL:  # its own weights as the draft
+        eng.attach_draft(DraftModel(f["model"], f["tokenizer"], f["info"], target_tokenizer=f["tokenizer"]))
+    elif method == "draft" and eng.draft is None:
         dm, _, di = load_model(str(family_dir("llama")), progress=lambda s: None)
         # The same tokenizer files; transformers picks its class by model_type (qwen3_5
         # gets Qwen2's pre-tokenizer), so the draft is given the target's tokenizer.
@@ -186,7 +191,7 @@ def test_methods_equal_ordinary(family, family_dir, fam, method):
     assert_same_or_near_tie(f["model"], f["prompts"][2], tokens_of(chunks), want)
 
 
-@pytest.mark.parametrize("fam", FAMILIES)
+@pytest.mark.parametrize("fam", ALL)
 def test_state_after_rejection_equals_fresh_forward(family, fam):
     """Two rows of different lengths verify proposals of different widths; each
     accepts part. After the round is settled (attention by pointer, recurrent state
@@ -232,7 +237,7 @@ eng.close()
 """
 
 
-@pytest.mark.parametrize("fam", FAMILIES)
+@pytest.mark.parametrize("fam", ALL)
 def test_prefix_cache_second_turn_in_ram_and_from_ssd(family, family_dir, fam, tmp_path):
     """An agent's second turn (first prompt + answer + a tool result) reports the first
     turn's tokens as cached and gives the cold tokens, from RAM and, after a restart
