@@ -248,7 +248,7 @@ def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3, only:
     arm_methods = {"base": [], "echo": under, "noop": ["noop"]}
     for r in range(repeats):
         order = ("base", "echo", "noop") if r % 2 == 0 else ("noop", "echo", "base")
-        for group, prompts in (("copy", copy_prompts), ("plain", plain_prompts)) if only is None else ():
+        for group, prompts in (("copy", copy_prompts), ("plain", plain_prompts)) if only != "mixed" else ():
             for p in prompts:
                 got = {}
                 for arm in order:
@@ -260,6 +260,8 @@ def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3, only:
                 identical[group].append(got["base"]["tokens"] == got["echo"]["tokens"])
                 if r == 0:
                     telemetry.append({"group": group, **got["echo"]["fill"]})
+        if only == "copy":
+            continue
         got = {}
         for arm in order + ("echo_uncapped", "echo_latency"):
             if arm == "noop":
@@ -294,6 +296,15 @@ def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3, only:
 
     widths = width_costs(engine) if only is None else {}
     engine.close()
+    if only == "copy":
+        return {"bench": "echo", "model": engine.info.name, "methods": under, "tokens_per_row": tokens,
+                "repeats": repeats, "layers": engine.runner.describe(),
+                "copy_heavy": {"echo_vs_ordinary": _summary(arms["copy_echo"], arms["copy_base"], "tps"),
+                               "identical_outputs": all(identical["copy"])},
+                "nothing_to_copy": {"echo_vs_ordinary": _summary(arms["plain_echo"], arms["plain_base"], "tps"),
+                                    "identical_outputs": all(identical["plain"])},
+                "replays": engine.scheduler.counters.get("replays", 0),
+                "echo_telemetry_first_repeat": telemetry}
     mixed_batch = {
         "echo_vs_ordinary": _summary(arms["mixed_echo"], arms["mixed_base"], "agg_tps"),
         "target": "ratio >= 1.0",
@@ -354,7 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None)
     p.add_argument("--tokens", type=int, default=96)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--only", choices=("mixed",), default=None, help="run only the mixed batch of 4 arms")
+    p.add_argument("--only", choices=("mixed", "copy"), default=None,
+                   help="mixed: only the mixed batch of 4 arms; copy: only the single-row copy-heavy and "
+                        "nothing-to-copy turns (e.g. for another model family)")
     p.add_argument("--methods", default=None, metavar="LIST",
                    help="methods of the measured arms (default: the server's, %s)" % ",".join(SERVER_DEFAULT))
     p.add_argument("--out", default=None)

@@ -119,6 +119,68 @@ def build(family: str, root: Path, tokenizer_dir: Path, seed: int = 0, size: str
     return out
 
 
+# The default model's attention and MLP grafted into falcon_h1 (Mamba-2 state beside
+# attention in every layer): a hybrid recurrent model that writes like SmolLM2 (so
+# echo has copies to verify), whose Mamba path is small but real (its output weights
+# scaled by HYBRID_MAMBA_SCALE): the recurrent state is in every token's computation.
+HYBRID = "falcon_h1-smollm"
+HYBRID_MAMBA_SCALE = 0.01
+
+
+def build_grafted_hybrid(root: Path, seed: int = 0) -> Path:
+    """An mlx-lm folder: SmolLM2-135M's weights in falcon_h1 layers (see HYBRID)."""
+    from mlx.utils import tree_unflatten
+    from mlx_lm.models import falcon_h1
+
+    from jumpahead.engine.default_model import ensure_default_model
+    from jumpahead.engine.loader import load_model
+
+    out = Path(root) / HYBRID
+    if (out / "model.safetensors").exists():
+        return out
+    src = ensure_default_model(progress=lambda s: None)
+    base = json.loads((src / "config.json").read_text())
+    net, _, _ = load_model(None, progress=lambda s: None, dequantize=True)
+    llama = dict(tree_flatten(net.parameters()))
+    config = {"model_type": "falcon_h1", "hidden_size": base["hidden_size"], "num_hidden_layers": base["num_hidden_layers"],
+              "num_attention_heads": base["num_attention_heads"], "num_key_value_heads": base["num_key_value_heads"],
+              "head_dim": base["head_dim"], "intermediate_size": base["intermediate_size"], "vocab_size": base["vocab_size"],
+              "rms_norm_eps": base["rms_norm_eps"], "rope_theta": base["rope_theta"], "rope_traditional": False,
+              "max_position_embeddings": base["max_position_embeddings"], "tie_word_embeddings": True,
+              "attention_in_multiplier": 1.0, "attention_out_multiplier": 1.0, "embedding_multiplier": 1.0,
+              "key_multiplier": 1.0, "lm_head_multiplier": 1.0, "ssm_in_multiplier": 1.0, "ssm_out_multiplier": 1.0,
+              "mlp_multipliers": [1.0, 1.0], "ssm_multipliers": [1.0, 1.0, 1.0, 1.0, 1.0],
+              "mamba_d_conv": 4, "mamba_d_head": 32, "mamba_d_ssm": 128, "mamba_d_state": 16, "mamba_expand": 2,
+              "mamba_n_groups": 1, "mamba_n_heads": 4, "mamba_chunk_size": 128, "mlp_expansion_factor": 1,
+              "eos_token_id": base.get("eos_token_id"), "bos_token_id": base.get("bos_token_id")}
+    mx.random.seed(seed)
+    model = falcon_h1.Model(falcon_h1.ModelArgs.from_dict(config))
+    weights = dict(tree_flatten(model.parameters()))
+    rename = {"mlp.": "feed_forward.", "post_attention_layernorm": "pre_ff_layernorm"}
+    for name, value in llama.items():
+        new = name.replace("model.norm.", "model.final_layernorm.")
+        for a, b in rename.items():
+            new = new.replace(a, b)
+        if new not in weights or weights[new].shape != value.shape:
+            raise ValueError(f"cannot graft {name} onto falcon_h1 ({new})")
+        weights[new] = value
+    for name in weights:
+        if name.endswith("mamba.out_proj.weight"):
+            weights[name] = weights[name] * HYBRID_MAMBA_SCALE
+    model.update(tree_unflatten(list(weights.items())))
+    mx.eval(model.parameters())
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (tmp / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (src / name).exists():
+            shutil.copy(src / name, tmp / name)
+    tmp.rename(out)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """`jumpahead bench family-model FAMILY [--size bench] [--out DIR]`: build the folder
     and print its path as JSON (give it to the other benches' --model)."""
@@ -129,12 +191,16 @@ def main(argv: list[str] | None = None) -> int:
     from .output import emit
 
     ap = argparse.ArgumentParser(prog="jumpahead bench family-model", description=main.__doc__.split("\n")[0])
-    ap.add_argument("family", choices=FAMILIES)
+    ap.add_argument("family", choices=[*FAMILIES, HYBRID],
+                    help=f"a family's random model, or {HYBRID}: the default model grafted into falcon_h1")
     ap.add_argument("--size", choices=("tiny", "bench"), default="bench",
                     help="tiny: the tests' oracles; bench: about the default model's cost per token (default)")
     ap.add_argument("--out", default=None, help="parent folder (default: the jumpahead cache's family-models/)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     root = Path(args.out) if args.out else ensure_default_model(progress=lambda s: None).parent.parent / "family-models"
-    path = build(args.family, root, ensure_default_model(progress=lambda s: None), args.seed, args.size)
+    if args.family == HYBRID:
+        path = build_grafted_hybrid(root, args.seed)
+    else:
+        path = build(args.family, root, ensure_default_model(progress=lambda s: None), args.seed, args.size)
     return emit({"family": args.family, "size": args.size, "path": str(path)})
