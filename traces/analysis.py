@@ -22,6 +22,7 @@ bit mask of the source kinds it was seen in, so a session costs one pass.
 from __future__ import annotations
 
 import re
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -300,6 +301,12 @@ def load_tokenizer(path: str | None = None) -> Any:
         folder = ensure_default_model(progress=lambda s: None)
     else:
         folder = Path(path).expanduser()
+        if not folder.is_dir():  # a named model or a GGUF file: its converted folder
+            import jumpahead.engine  # noqa: F401  (loads OpenBLAS before mlx)
+            from jumpahead.engine.loader import KNOWN_MODELS, resolve_model
+
+            if path in KNOWN_MODELS or folder.is_file():
+                folder = Path(resolve_model(path, progress=lambda s: print(s, file=sys.stderr))[0])
         if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer_config.json").is_file():
             raise ValueError(f"{path}: not a model folder with a tokenizer (no tokenizer.json)")
     return load(folder)
