@@ -12,7 +12,9 @@ an agent sends next. Arms, in one process on one loaded model:
 - ssd:  a restart: a new process loads the model and starts an engine over a copy of
         the cache directory as it was after turn A (its files dropped from the OS page
         cache with posix_fadvise, so they are read from the device), and runs turn B
-        (hit from SSD); the child reports its time to first token and its tokens.
+        (hit from SSD); the child reports its time to first token (after its engine
+        started: `startup_s`) and its tokens. `--restarts N` (default 3) restarts, each
+        over a fresh copy; the median is the figure and every sample is listed.
 
 Every arm's tokens are compared with the cold arm's, each run; a difference fails
 the command (exit 1).
@@ -237,6 +239,7 @@ def run(
     work_dir: str | None = None,
     mlx_lm: bool = False,
     progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+    ssd_restarts: int = 3,
 ) -> dict[str, Any]:
     """Run the bench; returns (and the CLI prints) a JSON-able dict."""
     trace_path = Path(trace) if trace else TRACE
@@ -278,11 +281,20 @@ def run(
         eng.close()
         del eng
 
-        # SSD arm: a restart (a new process) over the directory as it was after turn A
-        dropped = drop_page_cache(ssd_dir)
-        ssd = restarted(model, ssd_dir, turn_b, gen_tokens, root)
+        # SSD arm: restarts (new processes), each over a fresh copy of the directory as
+        # it was after turn A with its pages dropped; the median restart is the figure
+        restarts = []
+        for i in range(max(1, ssd_restarts)):
+            run_dir = root / f"ssd-restart-{i}"
+            shutil.rmtree(run_dir, ignore_errors=True)
+            shutil.copytree(ssd_dir, run_dir)
+            dropped = drop_page_cache(run_dir)
+            restarts.append(restarted(model, run_dir, turn_b, gen_tokens, root))
+            shutil.rmtree(run_dir, ignore_errors=True)
+            progress(f"turn B, SSD hit after a restart ({i + 1} of {ssd_restarts}): ttft {restarts[-1]['ttft_s']}s, "
+                     f"cached {restarts[-1]['cached_tokens']}")
+        ssd = sorted(restarts, key=lambda r: r["ttft_s"])[len(restarts) // 2]
         index_s, ssd_stats = ssd["index_s"], ssd["prefix_cache"]
-        progress(f"turn B, SSD hit after a restart: ttft {ssd['ttft_s']}s, cached {ssd['cached_tokens']}")
 
         # cold arm
         eng = Engine(m, tok, info, EngineConfig(prefix_cache=False))
@@ -312,12 +324,14 @@ def run(
         "turn_b_tokens": len(turn_b),
         "cold": arm(cold),
         "ram_hit": arm(ram),
-        "ssd_hit": {**arm(ssd), "pid": ssd["pid"], "new_process": ssd["pid"] != os.getpid(), "index_s": round(index_s, 3), "page_cache_dropped": dropped,
-                    "bytes_read": ssd_stats.get("ssd_load_bytes", 0)},
+        "ssd_hit": {**arm(ssd), "pid": ssd["pid"], "new_process": ssd["pid"] != os.getpid(), "startup_s": round(index_s, 3),
+                    "page_cache_dropped": dropped, "bytes_read": ssd_stats.get("ssd_load_bytes", 0),
+                    "restarts": len(restarts), "ttft_samples_s": [r["ttft_s"] for r in restarts],
+                    "figure": "the median restart"},
         "ratio_ram": round(cold["ttft_s"] / ram["ttft_s"], 2),
         "ratio_ssd": round(cold["ttft_s"] / ssd["ttft_s"], 2),
         "targets": {"ram_ge_10x": cold["ttft_s"] >= 10 * ram["ttft_s"], "ssd_ge_30x": cold["ttft_s"] >= 30 * ssd["ttft_s"]},
-        "same_tokens": {"ram_vs_cold": ram["tokens"] == cold["tokens"], "ssd_vs_cold": ssd["tokens"] == cold["tokens"],
+        "same_tokens": {"ram_vs_cold": ram["tokens"] == cold["tokens"], "ssd_vs_cold": all(r["tokens"] == cold["tokens"] for r in restarts),
                         **({"mlx_lm_vs_cold": mlx["tokens"] == cold["tokens"]} if mlx else {})},
         **({"mlx_lm_recompute": {"ttft_s": mlx["ttft_s"], "ratio_vs_ram_hit": round(mlx["ttft_s"] / ram["ttft_s"], 2),
                                  "ratio_vs_ssd_hit": round(mlx["ttft_s"] / ssd["ttft_s"], 2)}} if mlx else {}),
@@ -340,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mlx-lm", action="store_true",
                     help="also time mlx-lm stream_generate over turn B from an empty cache (its server's path "
                          "for models with recurrent layers, which recomputes the prompt)")
+    ap.add_argument("--restarts", type=int, default=3,
+                    help="SSD arm: restarted processes, each over a fresh copy of the cache (default 3; the median is reported)")
     ap.add_argument("--out", default=None, help="also write the JSON result to this file")
     ap.add_argument("--ssd-child", default=None, help=argparse.SUPPRESS)  # the SSD arm's restarted process
     args = ap.parse_args(argv)
@@ -347,7 +363,10 @@ def main(argv: list[str] | None = None) -> int:
         return ssd_child(args.ssd_child)
     from .output import emit
 
-    return emit(run(args.model, args.context, args.gen, args.trace, args.work_dir, args.mlx_lm), args.out)
+    if args.restarts < 1:
+        ap.error("--restarts must be at least 1")
+    return emit(run(args.model, args.context, args.gen, args.trace, args.work_dir, args.mlx_lm,
+                    ssd_restarts=args.restarts), args.out)
 
 
 if __name__ == "__main__":

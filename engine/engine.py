@@ -58,6 +58,9 @@ class EngineConfig:
     prefix_cache_dir: str | None = None
     prefix_cache_ssd_bytes: int = 16 << 30
     draft_model: str | None = None  # mlx-lm folder of a draft model (method "draft")
+    # Run one throwaway prefill chunk and round at startup (ModelRunner.warm_up), so
+    # the first request (a restarted server's cache hit) pays no first-forward costs.
+    warm_up: bool = True
 
 
 class Engine:
@@ -95,6 +98,7 @@ class Engine:
         # Made now, not on the first request: strict fill imports xgrammar (and torch),
         # ~1 s once per process, which a restarted server's first turn would pay.
         _ = self.strict
+        self.warm_up_s = self.runner.warm_up() if self.config.warm_up else 0.0
         self.started_at = time.time()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="jumpahead-engine", daemon=True)
@@ -125,7 +129,8 @@ class Engine:
         c = self.config
         if not c.prefix_cache:
             return None
-        if self.runner.packing in (None, "none"):
+        # (a model of sliding layers only packs "none": its prefixes are all snapshot)
+        if self.runner.packing is None or (self.runner.packing == "none" and not self.runner.windowed):
             # layers of different shapes (or none with positions) do not pack into
             # one segment array (RowKVCache.segment_packing)
             log.warning("prompt cache off for %s: its attention layers do not share one shape",
@@ -146,7 +151,7 @@ class Engine:
                                max_pending_bytes=max(c.prefix_cache_ram_bytes, 256 << 20))
             except Exception as exc:  # never fail the engine over its cache
                 log.warning("prompt cache: SSD tier off (%s); RAM tier only", exc)
-        return PrefixCache(c.prefix_cache_ram_bytes, ssd, wake=self._wake.set, exact=self.runner.recurrent)
+        return PrefixCache(c.prefix_cache_ram_bytes, ssd, wake=self._wake.set, exact=self.runner.snapshots)
 
     # --- engine thread -----------------------------------------------------------------
     def _run(self) -> None:

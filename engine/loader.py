@@ -2,7 +2,7 @@
 file (converted once, engine/gguf_convert.py), or any mlx-lm path / hub id.
 
 On a CPU-only MLX build quantized and half-precision weights run 2-3x slower than
-float32 (see DESIGN.md, "Measured physics"), so there we dequantize to float32 at
+float32 (see docs/design.md, "Measured physics"), so there we dequantize to float32 at
 load. On Apple silicon (Metal) or CUDA the model is kept as stored.
 """
 

@@ -1,6 +1,6 @@
 """Proposal method names, and which ones a server runs when a request names none.
 
-Exact methods never change the output (DESIGN.md, Proposal): verified copies (echo,
+Exact methods never change the output (docs/design.md, Proposal): verified copies (echo,
 n-gram) are accepted only where the row's own sampler picks them, and checked strict
 fill only where the masked sampler does. Echo and checked strict fill are the
 server's default (`jumpahead serve`; `--methods none` turns every proposer off,

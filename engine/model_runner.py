@@ -16,6 +16,7 @@ that keeps recurrent state has its verifying rounds settled by `replay`.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable
 
 import mlx.core as mx
@@ -95,6 +96,9 @@ class ModelRunner:
         self.key_widths = [l.keys.shape[-1] if l.keys is not None else 0 for l in cache.attention]
         # how the prefix cache packs a row's attention KV (None: it cannot; see RowKVCache)
         self.packing = cache.segment_packing()
+        # whether stored prefixes carry exact snapshots (recurrent state, sliding windows)
+        self.snapshots = cache.snapshots
+        self.windowed = bool(cache.windowed)
         if self.trunk is None:
             return
         cache = RowKVCache(self.layout)
@@ -112,6 +116,25 @@ class ModelRunner:
             if logits.shape == full.shape and float(mx.abs(logits - full).max().item()) <= 1e-5 * scale:
                 self.head = head
                 return
+
+    def warm_up(self, tokens: int = 64) -> float:
+        """Run a prefill chunk and a decoding round on a throwaway cache; seconds taken.
+
+        A process's first forwards pay one-time costs (kernels, thread pools, the
+        allocator's first buffers, numpy's and MLX's attention paths): ~0.4 s here with
+        the default model, which a restarted server's first turn would pay on top of
+        its prompt-cache hit. `tokens` is large enough to take the numpy softmax path
+        (engine/attention.py), the round after it the MLX one."""
+        t0 = time.perf_counter()
+        cache = self.new_cache()
+        cache.ends = [0]
+        ids = [(7 * i) % 200 + 1 for i in range(tokens)]  # ids every vocabulary has
+        self.forward([ids], cache, None)
+        mx.eval(cache.arrays())
+        cache.advance([tokens])
+        logits, _ = self.forward_ragged([[ids[-1]]], cache, [1])
+        mx.eval(logits)
+        return time.perf_counter() - t0
 
     def new_cache(self) -> RowKVCache:
         cache = RowKVCache(self.layout)

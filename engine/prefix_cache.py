@@ -47,8 +47,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("jumpahead.engine.cache")
 
-# The companion name of recurrent state snapshots (RowKVCache.row_states): unlike a
-# method's companion, it is exact, so a hit is cut back to the deepest snapshot.
+# The companion name of exact snapshots (RowKVCache.row_states: recurrent state and
+# sliding layers' windows): unlike a method's companion, a hit is cut back to the
+# deepest one.
 RECURRENT = "recurrent"
 
 
@@ -133,7 +134,8 @@ class PrefixCache:
         self.ssd = ssd
         self.root = Node(np.zeros(0, np.int32), 0, None)
         self.hooks: list[CompanionHook] = []
-        # The model keeps recurrent state: a hit must end at one of its snapshots.
+        # The model keeps recurrent state or sliding windows: a hit must end at one of
+        # its snapshots.
         self.exact = exact
         self.counters: Counter[str] = Counter()
         self.ram_bytes = 0
@@ -164,8 +166,10 @@ class PrefixCache:
             capacity = ((len(prompt) + STEP) // STEP) * STEP
             self.install(hit, cache, capacity)
             state = hit.companions.get(RECURRENT)
-            if state is not None:
-                cache.set_row_states(state[1])
+            if cache.snapshots:  # exact: the hit ends where this snapshot was taken
+                if state is None or state[0] != hit.length:
+                    raise ValueError(f"a hit of {hit.length} tokens without its snapshot")
+                cache.set_row_states(state[1], capacity)
             row.prefilled = hit.length
             row.cached_tokens = hit.length
             for hook in self.hooks:
@@ -197,7 +201,7 @@ class PrefixCache:
     def _publish(self, row: "Row", tokens: Sequence[int], cache: RowKVCache, index: int) -> None:
         try:
             companions = {}
-            if cache.recurrent:  # the state after exactly these tokens (an exact snapshot)
+            if cache.snapshots:  # the state after exactly these tokens (an exact snapshot)
                 companions[RECURRENT] = cache.row_states(index)
             for hook in self.hooks:
                 state = hook.capture(row, len(tokens))
@@ -205,6 +209,7 @@ class PrefixCache:
                     companions[hook.name] = state
             self.insert(tokens, cache, index, companions)
         except Exception:
+            self.counters["publish_errors"] += 1
             log.exception("prompt cache: publish failed")
 
     # --- lookup ------------------------------------------------------------------------
@@ -604,6 +609,7 @@ class PrefixCache:
                 "ssd_hit_tokens": c["ssd_hit_tokens"],
                 "published": c["published"],
                 "published_tokens": c["published_tokens"],
+                "publish_errors": c["publish_errors"],  # logged; nonzero is a bug
                 "nodes": nodes,
                 "ram_bytes": self.ram_bytes,
                 "ram_budget_bytes": self.ram_budget,

@@ -4,7 +4,7 @@
 verification; the row samples once after the last of them. `verified` tokens (echo,
 n-gram, draft model) are accepted position by position while the row's own sampler,
 at that position, picks the proposed token; the first disagreement is emitted as
-the sampled token and the rest rolls back (DESIGN.md, Engine vocabulary).
+the sampled token and the rest rolls back (docs/design.md, Engine vocabulary).
 """
 
 from __future__ import annotations

@@ -348,6 +348,12 @@ class RowKVCache:
         self.leaves = _leaves(self.layers)
         self.attention: list[LayerCache] = [l for l in self.leaves if isinstance(l, LayerCache)]
         self.recurrent: list[RecurrentLayerCache] = [l for l in self.leaves if isinstance(l, RecurrentLayerCache)]
+        # A prefix segment holds the full-attention layers by token; a sliding layer's
+        # part of a prefix is only its last window, kept as an exact snapshot beside
+        # the recurrent state (row_states), so stored prefixes do not grow with it.
+        self.windowed: list[SlidingLayerCache] = [l for l in self.attention if isinstance(l, SlidingLayerCache)]
+        self._stored = [i for i, l in enumerate(self.attention) if not isinstance(l, SlidingLayerCache)]
+        self.stored: list[LayerCache] = [self.attention[i] for i in self._stored]
         self.ends: list[int] = []
 
     @property
@@ -382,6 +388,7 @@ class RowKVCache:
         if self.size == 0:
             self.layers, self.leaves, self.ends = other.layers, other.leaves, list(other.ends)
             self.attention, self.recurrent = other.attention, other.recurrent
+            self.windowed, self.stored = other.windowed, other.stored
             return
         for mine, theirs in zip(self.attention, other.attention):
             if theirs.keys is None:
@@ -452,31 +459,38 @@ class RowKVCache:
             layer.cache = out
 
     # --- the prefix cache's view: segments of one row -----------------------------------
+    @property
+    def snapshots(self) -> bool:
+        """Whether a stored prefix needs an exact snapshot (row_states) beside its
+        segments: recurrent state, or sliding layers' windows."""
+        return bool(self.recurrent or self.windowed)
+
     def segment_packing(self) -> str | None:
-        """How one row's attention KV packs into one array: "pair" ([L, 2, H, n, D]),
+        """How one row's full-attention KV packs into one array: "pair" ([L, 2, H, n, D]),
         "concat" (keys and values of different widths, MLA: [L, 1, H, n, Dk + Dv]),
-        "none" (no attention layers), or None when the layers' shapes differ (no
-        single array holds them; the prefix cache is off for such models)."""
-        if not self.attention:
+        "none" (no full-attention layers), or None when the layers' shapes differ (no
+        single array holds them; the prefix cache is off for such models). Sliding
+        layers are not in segments (see `windowed`)."""
+        if not self.stored:
             return "none"
         shapes = {(l.keys.shape[1], l.keys.shape[3], l.values.shape[3], l.keys.dtype)
-                  for l in self.attention if l.keys is not None}
-        if len(shapes) != 1 or any(l.keys is None for l in self.attention):
+                  for l in self.stored if l.keys is not None}
+        if len(shapes) != 1 or any(l.keys is None for l in self.stored):
             return None
         _, dk, dv, _ = shapes.pop()
         return "pair" if dk == dv else "concat"
 
     def segment(self, index: int, start: int, end: int) -> mx.array:
-        """Row `index`'s attention KV at positions [start, end) as one fresh array."""
+        """Row `index`'s full-attention KV at positions [start, end) as one fresh array."""
         packing = self.segment_packing()
         if packing == "none":
             return mx.zeros((0, 1, 1, end - start, 1), mx.float32)
         if packing == "pair":
             kv = mx.stack([mx.stack([l.keys[index, :, start:end, :], l.values[index, :, start:end, :]])
-                           for l in self.attention])
+                           for l in self.stored])
         elif packing == "concat":
             kv = mx.stack([mx.concatenate([l.keys[index, :, start:end, :], l.values[index, :, start:end, :]],
-                                          axis=-1)[None] for l in self.attention])
+                                          axis=-1)[None] for l in self.stored])
         else:
             raise ValueError("attention layers of different shapes cannot be packed into one segment")
         mx.eval(kv)
@@ -486,7 +500,7 @@ class RowKVCache:
         """Fill this single-row cache with `pieces` (segments covering [0, length))
         as new buffers of `capacity` columns."""
         pad = max(capacity - length, 1)
-        for l, layer in enumerate(self.attention):
+        for l, layer in enumerate(self.stored):
             parts = [p[l] for p in pieces]  # each [2 or 1, H, n, D']
             first = parts[0]
             H = first.shape[1]
@@ -494,7 +508,7 @@ class RowKVCache:
                 keys = [p[0] for p in parts]
                 values = [p[1] for p in parts]
             else:
-                dk = self._key_width(l)
+                dk = self._key_width(self._stored[l])
                 keys = [p[0, :, :, :dk] for p in parts]
                 values = [p[0, :, :, dk:] for p in parts]
             layer.keys = _joined(keys, pad)
@@ -508,16 +522,40 @@ class RowKVCache:
         return dk[layer]
 
     def row_states(self, index: int) -> dict[str, mx.array]:
-        """Row `index`'s recurrent state arrays as fresh copies ({"layer.array": [1, ...]})."""
+        """Row `index`'s exact snapshot as fresh copies: recurrent state arrays
+        ({"layer.array": [1, ...]}) and each sliding layer's keys and values over the
+        last `window` positions before the row's end ({"w<layer>.k"/".v": [1, H, n, D]}:
+        all that any later query of this row reads there)."""
         out = {}
         for i, layer in enumerate(self.recurrent):
             for e, a in enumerate(layer.cache):
                 if a is not None:
                     out[f"{i}.{e}"] = mx.contiguous(a[index : index + 1])
+        end = self.ends[index] if self.windowed else 0
+        for i, layer in enumerate(self.windowed):
+            if layer.keys is not None:
+                lo = max(0, end - layer.window)
+                out[f"w{i}.k"] = mx.contiguous(layer.keys[index : index + 1, :, lo:end, :])
+                out[f"w{i}.v"] = mx.contiguous(layer.values[index : index + 1, :, lo:end, :])
         mx.eval(list(out.values()))
         return out
 
-    def set_row_states(self, states: dict[str, mx.array]) -> None:
-        """Install one row's recurrent states (this cache holds that row alone)."""
+    def set_row_states(self, states: dict[str, mx.array], capacity: int | None = None) -> None:
+        """Install one row's snapshot (this cache holds that row alone, its end already
+        set by install_segments): recurrent states as they are; each sliding layer's
+        window placed just before the end in new buffers of `capacity` columns. The
+        columns before the window stay zero: no query of this row reads them (its
+        windowed reads and masks start inside the window)."""
         for i, layer in enumerate(self.recurrent):
             layer.cache = [states.get(f"{i}.{e}") for e in range(len(layer.cache))]
+        end = self.ends[0] if self.ends else 0
+        for i, layer in enumerate(self.windowed):
+            k, v = states.get(f"w{i}.k"), states.get(f"w{i}.v")
+            if k is None or v is None:
+                raise ValueError(f"the snapshot has no window for sliding layer {i}")
+            n = k.shape[2]
+            if n != min(end, layer.window):
+                raise ValueError(f"sliding layer {i}: a window of {n} tokens for a prefix of {end}")
+            cap = max(capacity or 0, end + 1)
+            layer.keys = mx.pad(k, [(0, 0), (0, 0), (end - n, cap - end), (0, 0)])
+            layer.values = mx.pad(v, [(0, 0), (0, 0), (end - n, cap - end), (0, 0)])

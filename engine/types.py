@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 # Provenance of an emitted token. `sampled` came from the row's sampler; the others
-# were supplied by a proposer (see DESIGN.md, Engine vocabulary).
+# were supplied by a proposer (see docs/design.md, Engine vocabulary).
 TokenKind = Literal["sampled", "strict", "echo", "ngram", "draft", "jump", "scripted"]
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 

@@ -1,7 +1,7 @@
 """The compact account of a finished tool step, built deterministically.
 
 A finished step is an assistant message whose tool calls all have their results. Its
-reasoning is replaced by what later turns still need (DESIGN.md, micro-compaction):
+reasoning is replaced by what later turns still need (docs/design.md, micro-compaction):
 
 - notes: the reasoning's sentences that carry decisions, constraints, plans, file
   paths, identifiers that later messages use, and questions; the rest is dropped;

@@ -1,7 +1,7 @@
 """The Policy API: how a policy sees a request and its row, and what it may return.
 
 A policy is a class with optional hooks; each hook gets plain data (text, token ids,
-parsed structure), never tensors (DESIGN.md, Policies):
+parsed structure), never tensors (docs/design.md, Policies):
 
 - `on_request(ctx)`: rewrite the request's context (the proxy's Turn) before it is
   rendered; return a new Turn (or the same, edited) or None to leave it.
@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-if TYPE_CHECKING:  # policies never import the proxy at run time (DESIGN.md layering)
+if TYPE_CHECKING:  # the policy API imports no proxy module at import time (tests/test_layering.py)
     from jumpahead.proxy.turn import Turn
 
 Boundary = Literal["reasoning_closed", "tool_call_opened", "tool_name", "argument_key", "turn_end"]

@@ -1,4 +1,4 @@
-"""Logical jump-ahead policies (DESIGN.md): supply the rest of a tool call unverified.
+"""Logical jump-ahead policies (docs/design.md): supply the rest of a tool call unverified.
 
 - `Jump` (`jump`): online. Once the model has opened a call and fixed its destination,
   and the context already holds the complete literal content of the remaining arguments

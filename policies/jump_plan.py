@@ -1,5 +1,5 @@
 """Deciding what a jump supplies: the rest of a tool call, built from content the context
-already holds (DESIGN.md, logical jump-ahead).
+already holds (docs/design.md, logical jump-ahead).
 
 `plan_online` looks at the call the model is writing (`call_text.parse_partial`) and, once
 its destination is fixed (a file tool's path complete; for other tools a first argument

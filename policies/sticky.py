@@ -2,7 +2,7 @@
 
 Agents resend the whole history every turn. A rewrite (compaction, masking, thinking
 clearing) that is decided at turn n must give the same bytes at turn n+1, n+2, ..., or
-every turn pays a full prefill (DESIGN.md, Policies). `StickyRewrite` keeps each
+every turn pays a full prefill (docs/design.md, Policies). `StickyRewrite` keeps each
 rewritten message in the session memo, keyed by a stable identity of the original
 message, and applies the memo before it looks for new candidates. New rewrites are
 considered only after the last edit point already committed, and committed only when

@@ -266,6 +266,9 @@ def test_prefix_cache_second_turn_in_ram_and_from_ssd(family, family_dir, fam, t
         chunks = eng.generate_sync(GenerationRequest(prompt=second, max_tokens=12))
         assert chunks[-1].cached_tokens >= len(first)
         assert_same_or_near_tie(f["model"], second, tokens_of(chunks), cold)
+        # both turns published at the prompt's end and when the row retired (a batch of one)
+        assert eng.prefix_cache.counters["publish_errors"] == 0
+        assert eng.prefix_cache.counters["published"] >= 3, eng.prefix_cache.counters
         eng.prefix_cache.flush(timeout=60)
     finally:
         eng.close()
@@ -276,6 +279,49 @@ def test_prefix_cache_second_turn_in_ram_and_from_ssd(family, family_dir, fam, t
     warm = json.loads(out.stdout.strip().splitlines()[-1])
     assert warm["cached"] >= len(first) and warm["ssd_hit_tokens"] >= len(first), warm
     assert_same_or_near_tie(f["model"], second, warm["tokens"], cold)
+
+
+@pytest.mark.parametrize("fam", [f for f in ALL if getattr(f, "values", (f,))[0] in ("gemma3_text", "gpt_oss", REAL)])
+def test_stored_prefix_keeps_only_the_sliding_windows(family, fam, tmp_path):
+    """A stored prefix holds the full layers' KV by token and each sliding layer's last
+    window only (an exact snapshot), so it does not grow with the sliding layers: its
+    bytes are what the formula says, and a hit installs a row whose next logits equal
+    a fresh forward's."""
+    from jumpahead.engine.engine import Engine, EngineConfig
+    from jumpahead.engine.prefix_cache import RECURRENT
+
+    f = family(fam)
+    prompt = f["prompts"][0]
+    eng = Engine(f["model"], f["tokenizer"], f["info"], EngineConfig(prefix_cache_ssd=False))
+    try:
+        eng.generate_sync(GenerationRequest(prompt=prompt, max_tokens=2))
+        pc = eng.prefix_cache
+        hit = pc.lookup(prompt)
+        assert hit.length == len(prompt)  # the snapshot at the prompt's end
+        probe = eng.runner.new_cache()
+        windows = [l.window for l in probe.windowed]
+        assert windows and len(probe.stored) + len(windows) == len(probe.attention)
+        kv = mx.concatenate(hit.pieces, axis=3)
+        assert kv.shape[0] == len(probe.stored) and kv.shape[3] == len(prompt)
+        snap = hit.companions[RECURRENT][1]
+        for i, w in enumerate(windows):
+            assert snap[f"w{i}.k"].shape[2] == min(w, len(prompt)) < len(prompt)
+        stored = kv.nbytes + sum(a.nbytes for a in snap.values())
+        whole = kv.nbytes // len(probe.stored) * len(probe.attention)
+        assert stored < whole
+        # installed, the row continues exactly: its next logits equal a fresh forward's
+        cache = eng.runner.new_cache()
+        cache.ends = [0]
+        capacity = len(prompt) + 64
+        pc.install(hit, cache, capacity)
+        cache.set_row_states(snap, capacity)
+        nxt = ordinary(f, 0)[0]
+        logits = eng.runner.forward([[nxt]], cache)
+        ref = reference_logits(f["model"], prompt + [nxt])
+        diff = float(mx.abs(logits[0].astype(mx.float32).reshape(-1) - ref.reshape(-1)).max())
+        assert diff < 1e-3 * max(1.0, float(mx.abs(ref).max())), diff
+    finally:
+        eng.close()
 
 
 def test_unknown_cache_kind_is_refused_at_load(family_dir):

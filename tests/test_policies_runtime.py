@@ -41,7 +41,7 @@ WEATHER = {"name": "get_weather", "description": "Weather in a city",
 
 POLICIES = textwrap.dedent('''
     import dataclasses, json
-    from jumpahead.policies.api import Intervention, Policy
+    from jumpahead.policies import Intervention, Policy
     from jumpahead.proxy.turn import Message
 
     class SystemRewrite(Policy):

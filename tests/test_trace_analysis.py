@@ -192,7 +192,7 @@ def test_public_sessions():
         assert sh["tool_results"] <= sh["context"] <= sh["context_stripped"] <= sh["any"]
     overall = result["overall"]
     assert overall["tokens"]["calls"] > 10_000
-    # DESIGN.md: copying from the context is the large lever, reasoning the small one
+    # docs/design.md: copying from the context is the large lever, reasoning the small one
     assert overall["shares"]["context_stripped"] > overall["shares"]["reasoning_text"]
     assert overall["shares"]["context_stripped"] > 0.3
     rows = [c for s in result["sessions"] for c in s["calls"]]

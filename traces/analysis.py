@@ -4,7 +4,7 @@ For each tool call of a session, its arguments' values (a write's content, an ed
 old and new strings, a bash command: what the model must type) are tokenized with the
 serving model's tokenizer, and a call token counts as *copyable* from a source where
 it lies in an exact window of W=8 consecutive tokens that appeared strictly earlier in
-the session in that source (DESIGN.md, "What real sessions show"). Sources are kinds
+the session in that source (docs/design.md, "What real sessions show"). Sources are kinds
 of earlier material: the model's reasoning, its visible text, system, user, tool
 results (also with Claude Code's `N→` line-number prefixes stripped) and earlier
 tool calls. Each text segment is tokenized on its own and windows never cross
