@@ -36,6 +36,12 @@ CONFIGS: dict[str, dict] = {
     "gemma3_text": {**_BASE, "model_type": "gemma3_text", "num_hidden_layers": 4, "num_key_value_heads": 1,
                     "query_pre_attn_scalar": 16, "sliding_window": WINDOW, "sliding_window_pattern": 2,
                     "rope_local_base_freq": 10000.0},
+    # gemma4: global layers of another head width than the sliding ones, and the last
+    # layers sharing earlier layers' caches (make_cache returns fewer caches than layers)
+    "gemma4_text": {**_BASE, "model_type": "gemma4_text", "num_hidden_layers": 6, "num_key_value_heads": 1,
+                    "head_dim": 16, "global_head_dim": 32, "sliding_window": WINDOW, "sliding_window_pattern": 2,
+                    "num_kv_shared_layers": 2, "hidden_size_per_layer_input": 8,
+                    "vocab_size_per_layer_input": VOCAB, "intermediate_size": 64, "use_double_wide_mlp": False},
     "gpt_oss": {**_BASE, "model_type": "gpt_oss", "num_hidden_layers": 2, "num_local_experts": 4,
                 "num_experts_per_tok": 2, "sliding_window": WINDOW,
                 "layer_types": ["sliding_attention", "full_attention"]},

@@ -1,8 +1,9 @@
 """Every layer family mlx-lm runs, served exactly: full attention (llama), MoE
-(qwen3_moe), sliding window + global (gemma3_text), sliding window + attention sinks
+(qwen3_moe), sliding window + global (gemma3_text; gemma4_text with wider global layers
+and shared caches), sliding window + attention sinks
 + MoE (gpt_oss), hybrid Gated DeltaNet (qwen3_next, qwen3_5), MLA latents + MoE
 (deepseek_v3), Mamba-2 state beside attention in one CacheList per layer (falcon_h1). Tiny random-weight models built from mlx-lm's own classes
-(tests/families.py) are the oracles' subjects; mlx-lm's `stream_generate` and plain
+(bench/family_models.py) are the oracles' subjects; mlx-lm's `stream_generate` and plain
 forwards are the references.
 """
 
@@ -121,7 +122,7 @@ def test_greedy_equals_mlx_lm(family, fam):
     got = ordinary(f, 0)
     assert_same_or_near_tie(f["model"], prompt, got, want)
     layers = f["engine"].health()["layers"]["layers"]
-    expect = {"gemma3_text": "sliding", "gpt_oss": "sliding", "qwen3_next": "recurrent", "qwen3_5": "recurrent",
+    expect = {"gemma3_text": "sliding", "gemma4_text": "sliding", "gpt_oss": "sliding", "qwen3_next": "recurrent", "qwen3_5": "recurrent",
               "falcon_h1": "recurrent", REAL: "sliding"}
     assert expect.get(fam, "full") in layers
 
@@ -281,7 +282,7 @@ def test_prefix_cache_second_turn_in_ram_and_from_ssd(family, family_dir, fam, t
     assert_same_or_near_tie(f["model"], second, warm["tokens"], cold)
 
 
-@pytest.mark.parametrize("fam", [f for f in ALL if getattr(f, "values", (f,))[0] in ("gemma3_text", "gpt_oss", REAL)])
+@pytest.mark.parametrize("fam", [f for f in ALL if getattr(f, "values", (f,))[0] in ("gemma3_text", "gemma4_text", "gpt_oss", REAL)])
 def test_stored_prefix_keeps_only_the_sliding_windows(family, fam, tmp_path):
     """A stored prefix holds the full layers' KV by token and each sliding layer's last
     window only (an exact snapshot), so it does not grow with the sliding layers: its
