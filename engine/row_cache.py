@@ -348,13 +348,18 @@ class RowKVCache:
         self.leaves = _leaves(self.layers)
         self.attention: list[LayerCache] = [l for l in self.leaves if isinstance(l, LayerCache)]
         self.recurrent: list[RecurrentLayerCache] = [l for l in self.leaves if isinstance(l, RecurrentLayerCache)]
-        # A prefix segment holds the full-attention layers by token; a sliding layer's
-        # part of a prefix is only its last window, kept as an exact snapshot beside
-        # the recurrent state (row_states), so stored prefixes do not grow with it.
-        self.windowed: list[SlidingLayerCache] = [l for l in self.attention if isinstance(l, SlidingLayerCache)]
-        self._stored = [i for i, l in enumerate(self.attention) if not isinstance(l, SlidingLayerCache)]
-        self.stored: list[LayerCache] = [self.attention[i] for i in self._stored]
         self.ends: list[int] = []
+
+    # A prefix segment holds the full-attention layers by token; a sliding layer's part
+    # of a prefix is only its last window, kept as an exact snapshot beside the
+    # recurrent state (row_states), so stored prefixes do not grow with it.
+    @property
+    def windowed(self) -> list["SlidingLayerCache"]:
+        return [l for l in self.attention if isinstance(l, SlidingLayerCache)]
+
+    @property
+    def stored(self) -> list[LayerCache]:
+        return [l for l in self.attention if not isinstance(l, SlidingLayerCache)]
 
     @property
     def size(self) -> int:
@@ -388,7 +393,6 @@ class RowKVCache:
         if self.size == 0:
             self.layers, self.leaves, self.ends = other.layers, other.leaves, list(other.ends)
             self.attention, self.recurrent = other.attention, other.recurrent
-            self.windowed, self.stored = other.windowed, other.stored
             return
         for mine, theirs in zip(self.attention, other.attention):
             if theirs.keys is None:
@@ -500,7 +504,9 @@ class RowKVCache:
         """Fill this single-row cache with `pieces` (segments covering [0, length))
         as new buffers of `capacity` columns."""
         pad = max(capacity - length, 1)
-        for l, layer in enumerate(self.stored):
+        stored = [i for i, layer in enumerate(self.attention) if not isinstance(layer, SlidingLayerCache)]
+        for l, a in enumerate(stored):
+            layer = self.attention[a]
             parts = [p[l] for p in pieces]  # each [2 or 1, H, n, D']
             first = parts[0]
             H = first.shape[1]
@@ -508,7 +514,7 @@ class RowKVCache:
                 keys = [p[0] for p in parts]
                 values = [p[1] for p in parts]
             else:
-                dk = self._key_width(self._stored[l])
+                dk = self._key_width(a)
                 keys = [p[0, :, :, :dk] for p in parts]
                 values = [p[0, :, :, dk:] for p in parts]
             layer.keys = _joined(keys, pad)
