@@ -17,7 +17,7 @@ import mlx.core as mx
 from .blas import blas_info
 from .logprobs import MAX_TOP_LOGPROBS
 from .methods import describe as describe_methods
-from .memory import RowRegistry, engine_memory
+from .memory import RowRegistry, engine_memory, return_freed_memory_to_os
 from .model_runner import ModelRunner
 from .row import Row
 from .sampler import RowSampler
@@ -68,6 +68,7 @@ class Engine:
         self.config = config or EngineConfig()
         if self.config.max_batch < 1:
             raise ValueError("max_batch must be >= 1")
+        return_freed_memory_to_os()  # freed KV buffers leave RSS (engine/memory.py)
         self.model = model
         self.tokenizer = tokenizer
         self.info = info

@@ -95,3 +95,28 @@ def engine_memory(engine: "Engine", collect: bool = False) -> dict[str, Any]:
     if engine.prefix_cache is not None:
         out["prefix_cache"] = prefix_cache_audit(engine.prefix_cache)
     return out
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
+
+
+def return_freed_memory_to_os(threshold: int = 1 << 20) -> bool:
+    """Serve every allocation of `threshold` bytes or more with its own mmap, so that
+    freeing it gives the memory back to the system.
+
+    glibc serves blocks under its mmap threshold from heaps it rarely returns, and
+    raises that threshold (up to 32 MB) each time a large mmapped block is freed. KV
+    buffers are a few MB and are freed and reallocated as rows join and leave, so under
+    load half a gigabyte of freed KV stayed resident (bench load: RSS peak 1818 MB with
+    the default, 1542 MB with a fixed 1 MB threshold, throughput unchanged). A fixed
+    threshold also turns the dynamic raising off. A user's MALLOC_MMAP_THRESHOLD_ wins;
+    on other C libraries this does nothing (returns False)."""
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, int(threshold)))
+    except (OSError, AttributeError):
+        return False
