@@ -24,7 +24,8 @@ CLI = REPO / ".venv" / "bin" / "jumpahead"
 if not CLI.exists():
     CLI = Path(sys.executable).parent / "jumpahead"
 
-ALL_FORMATS = ["pi", "claude-code", "codex", "opencode", "mini-swe-agent", "swe-agent", "openhands", "openai-messages"]
+ALL_FORMATS = ["pi", "claude-code", "codex", "opencode", "mini-swe-agent", "swe-agent", "openhands-eval",
+               "openhands", "cline", "openai-messages"]
 
 
 def jsonl(path: Path) -> list[dict[str, Any]]:

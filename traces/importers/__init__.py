@@ -17,6 +17,8 @@ from . import (  # noqa: E402,F401  (each module registers its format on import)
     opencode,
     mini_swe_agent,
     swe_agent,
+    openhands_eval,
     openhands,
+    cline,
     openai_messages,
 )

@@ -12,6 +12,13 @@ returned it, every tool call with its arguments, and the model. Observations wit
 `finish`) are text-only assistant messages; a `system` action gives the system prompt
 and the tools offered. State changes, recalls and environment events hold nothing the
 model wrote or read as a message; they are counted in meta.
+
+Histories from before function calling (CodeAct's text actions, as in 2024 evaluation
+outputs) carry no `tool_call_metadata`: an agent action that runs something (`run`,
+`run_ipython`, `read`, `edit`, `browse_interactive`, ...) is then one assistant message
+with one call rebuilt from the action (id "oh-<event id>"), and the observation whose
+`cause` is that event is its result. `add_events` is shared with the evaluation-output
+importer (openhands_eval.py), whose lines each hold one such history.
 """
 
 from __future__ import annotations
@@ -25,6 +32,9 @@ from . import _openai
 from ._common import content_text, iso_time, json_document, load_document, looks_like_document
 
 NAME = "openhands"
+# agent actions that run a tool (openhands/core/schema/action.py); others are control flow
+_RUNNABLE = {"run", "run_ipython", "read", "write", "edit", "browse", "browse_interactive", "call_tool_mcp",
+             "delegate"}
 _NOT_ARGS = {"thought", "impl_source", "translated_ipython_code", "security_risk", "confirmation_state",
              "is_confirmed", "hidden", "blocking", "wait_for_response"}
 
@@ -67,7 +77,15 @@ def load(path: Path) -> list[Session]:
     if events is None:
         raise ValueError(f"{path}: not an OpenHands event list (events with source and action / observation)")
     session = Session(id=path.stem, format=NAME, source=str(path))
+    add_events(session, events)
+    return [session]
+
+
+def add_events(session: Session, events: list[Any]) -> None:
+    """Append the messages of an OpenHands event list to `session` (meta["ignored_events"]
+    counts the events that hold no message)."""
     by_response: dict[str, SessionMessage] = {}
+    text_calls: dict[Any, SessionToolCall] = {}  # event id of a metadata-less action -> the call made for it
     ignored: dict[str, int] = {}
 
     def ignore(kind: str) -> None:
@@ -104,6 +122,12 @@ def load(path: Path) -> list[Session]:
                 if rid:
                     by_response[rid] = msg
                 session.messages.append(msg)
+            elif source == "agent" and action in _RUNNABLE:  # a text-era action: no recorded response
+                call = _fallback_call(event, {"tool_call_id": f"oh-{event.get('id')}"})
+                text_calls[event.get("id")] = call
+                session.messages.append(SessionMessage(role="assistant", content=str(args.get("thought") or ""),
+                                                       timestamp=ts, tool_calls=[call],
+                                                       meta={"action": action, "rebuilt": True}))
             elif source == "agent" and action in ("message", "finish"):
                 text = args.get("content") or args.get("final_thought") or args.get("thought") or event.get("message")
                 session.messages.append(SessionMessage(role="assistant", content=str(text or ""), timestamp=ts,
@@ -116,10 +140,14 @@ def load(path: Path) -> list[Session]:
                                                        tool_call_id=meta.get("tool_call_id") or "",
                                                        name=meta.get("function_name"), timestamp=ts,
                                                        meta={"observation": event["observation"]}))
+            elif event.get("cause") is not None and event.get("cause") in text_calls:
+                call = text_calls.pop(event["cause"])
+                session.messages.append(SessionMessage(role="tool", content=str(event.get("content") or ""),
+                                                       tool_call_id=call.id, name=call.name, timestamp=ts,
+                                                       meta={"observation": event["observation"]}))
             else:
                 ignore(f"observation:{event['observation']}")
     session.meta["ignored_events"] = ignored
-    return [session]
 
 
 register(Format(NAME, "OpenHands event stream JSON (list of actions and observations)", detect, load))
