@@ -2,7 +2,8 @@
 
 Input items (messages with any role, function calls and their outputs, reasoning,
 custom tool calls) become the Turn's messages; `previous_response_id` prepends a
-stored conversation. Tools the model cannot serve are handled without failing:
+stored conversation; a compaction item (proxy/compaction_item.py) stands for the whole
+conversation before it. Tools the model cannot serve are handled without failing:
 hosted tools (web_search, file_search, ...) are left out, `namespace` tools are
 flattened into their nested functions (and calls mapped back to name + namespace),
 `custom` (free-form) tools are offered as a function with one string `input`.
@@ -18,6 +19,7 @@ import orjson
 
 from jumpahead.engine.types import SamplingParams
 
+from .compaction_item import compact_threshold, open_item
 from .errors import APIError, invalid_request
 from .fields import boolean, integer, number, obj
 from .logprobs import top_logprobs
@@ -55,6 +57,9 @@ class ResponsesContext:
     previous_response_id: str | None = None
     signer: Signer = field(default_factory=default_signer)  # seals and opens encrypted_content
     reasoning_dropped: int = 0  # reasoning items sent back whose encrypted_content did not verify
+    compacted: int = 0  # leading messages of `history` that the latest compaction item stands for
+    compact_threshold: int | None = None  # context_management: compact above this many prompt tokens (0: default)
+    lead_items: list[dict[str, Any]] = field(default_factory=list)  # output items before the answer's (compaction)
 
     def visible_name(self, name: str, namespace: str | None = None) -> str:
         for visible, target in self.tool_names.items():
@@ -247,6 +252,12 @@ def _item(conv: _Conversation, raw: Any, i: int, ctx: ResponsesContext) -> None:
         text = _reasoning_text(item, ctx)
         if text:
             conv.reasoning.append(text)
+    elif kind == "compaction":
+        # It stands for everything before it (the user messages /compact returns with
+        # it are inside it too): the conversation restarts from its sealed messages.
+        conv.messages[:] = open_item(item, ctx.signer, param)
+        conv.reasoning = []
+        ctx.compacted = len(conv.messages)
     # item_reference, web_search_call, file_search_call, ...: nothing the model can read
 
 
@@ -302,6 +313,7 @@ def parse_responses_request(body: Any, store: ResponseStore | None = None,
     if not any(m.role != "system" for m in messages):
         raise invalid_request("input must contain at least one message or item", param="input")
     ctx.store = boolean(body, "store", default=True)
+    ctx.compact_threshold = compact_threshold(body)
     include = body.get("include")
     if include is not None and (not isinstance(include, list) or not all(isinstance(x, str) for x in include)):
         raise invalid_request("include must be an array of strings", param="include")
@@ -385,7 +397,7 @@ def call_item(call: ToolCall, ctx: ResponsesContext, id: str | None = None, done
 
 
 def output_items(out: TurnOutput, ctx: ResponsesContext) -> list[dict[str, Any]]:
-    items = []
+    items = list(ctx.lead_items)
     if out.reasoning:
         items.append(reasoning_item(out.reasoning, ctx))
     if out.content:

@@ -121,6 +121,8 @@ RESPONSES_REQUEST: dict[str, Any] = {
                                                  "parameters": _one_of(_OBJ, _NULLABLE)}}}},
         "tool_choice": _one_of({"enum": ["auto", "none", "required"]}, _OBJ),
         "reasoning": _OBJ,
+        "context_management": {"type": "array", "items": {"type": "object", "required": ["type"], "properties": {
+            "type": {"const": "compaction"}, "compact_threshold": _one_of(_POS_INT, _NULLABLE)}}},
         "jumpahead": _JUMPAHEAD,
     },
 }
@@ -178,6 +180,8 @@ def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
         paths[f"{prefix}/messages/count_tokens"] = _post(f"count_tokens_{tag}", "Anthropic token count",
                                                          "CountTokensRequest", anthropic=True, streams=False)
         paths[f"{prefix}/responses"] = _post(f"responses_{tag}", "OpenAI responses", "ResponsesRequest")
+        paths[f"{prefix}/responses/compact"] = _post(f"responses_compact_{tag}", "OpenAI responses compaction",
+                                                     "ResponsesRequest", streams=False)
     delete = _get("delete_response", "delete a stored response", ["response_id"])
     delete["operationId"] = "delete_response"
     paths["/v1/responses/{response_id}"] = {

@@ -32,7 +32,8 @@ from .turn import (
 class ResponsesStream:
     """Encodes a Turn's OutputEvents as Responses SSE events (bytes frames).
 
-    response.created and response.in_progress, then per output item
+    response.created and response.in_progress, then the context's lead items (a
+    server-side compaction item, added and done at once), then per output item
     output_item.added, its part and delta events, output_item.done; then
     response.completed (or response.incomplete); after a failure response.failed.
     """
@@ -64,8 +65,13 @@ class ResponsesStream:
 
     def start(self) -> list[bytes]:
         response = self._response("in_progress")
-        return [self._event("response.created", response=response),
-                self._event("response.in_progress", response=response)]
+        frames = [self._event("response.created", response=response),
+                  self._event("response.in_progress", response=response)]
+        for item in self.ctx.lead_items:  # a server-side compaction item comes first, whole
+            frames += [self._event("response.output_item.added", output_index=self._index, item=item),
+                       self._event("response.output_item.done", output_index=self._index, item=item)]
+            self.items.append(item)
+        return frames
 
     @property
     def _index(self) -> int:

@@ -45,6 +45,7 @@ from .openai_responses import (
 )
 from .prompt import render_prompt
 from .response_store import ResponseStore, StoredResponse
+from .responses_compact import apply_context_management, compact_response
 from .responses_stream import ResponsesStream
 from .runner import PreparedTurn, complete_turn, prepare_turn_async, stream_turn
 from .script import Script
@@ -266,6 +267,7 @@ async def responses(request: Request) -> Response:
     body = await read_json(request)
     turn, ctx = parse_responses_request(body, store, request.app.state.signer)
     _stats(request)["reasoning_dropped"] += ctx.reasoning_dropped
+    turn = await apply_context_management(engine, turn, ctx)  # context_management: compaction
     prepared = await _prepare(request, "responses", body, turn)
     model = turn.model or _model_name(engine)
     rid = f"resp_{uuid.uuid4().hex}"
@@ -287,6 +289,12 @@ async def responses(request: Request) -> Response:
                                output=output_items(out, ctx), usage=out.usage)
     _store_response(store, ctx, out, response)
     return JSONResponse(response)
+
+
+async def responses_compact(request: Request) -> Response:
+    body = await read_json(request)
+    return JSONResponse(await compact_response(_engine(request), body, request.app.state.responses,
+                                               request.app.state.signer))
 
 
 async def get_response(request: Request) -> Response:
@@ -434,6 +442,8 @@ def create_app(engine: Any, script: Script | None = None, response_store: Respon
         Route("/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/responses", responses, methods=["POST"]),
         Route("/responses", responses, methods=["POST"]),
+        Route("/v1/responses/compact", responses_compact, methods=["POST"]),
+        Route("/responses/compact", responses_compact, methods=["POST"]),
         Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
         Route("/v1/models", list_models, methods=["GET"]),

@@ -12,7 +12,9 @@ rather than shown to the model as its own.
 The key is random per server process, or derived from `JUMPAHEAD_SIGNING_KEY` when
 that is set (so signatures survive restarts, and replicas can share one).
 `encrypted_content` is signed, not encrypted: it carries the text the response also
-shows in its summary.
+shows in its summary. A Responses compaction item's `encrypted_content` is sealed the
+same way (its own prefix and purpose) over the compacted context it stands for
+(proxy/compaction_item.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import secrets
 
 SIGNATURE_PREFIX = "ja1."  # Anthropic thinking signatures
 SEALED_PREFIX = "ja2:"  # Responses encrypted_content: base64(text) "." base64(mac)
+CONTEXT_PREFIX = "ja3:"  # Responses compaction items: the same form over a compacted context
 KEY_ENV = "JUMPAHEAD_SIGNING_KEY"
 
 
@@ -51,21 +54,36 @@ class Signer:
 
     def seal(self, text: str) -> str:
         """A Responses reasoning item's `encrypted_content` for `text`."""
-        body = base64.b64encode(text.encode("utf-8", "surrogatepass")).decode()
-        mac = base64.b64encode(self._mac(b"reasoning", text)).decode()
-        return f"{SEALED_PREFIX}{body}.{mac}"
+        return self._seal(SEALED_PREFIX, b"reasoning", text)
 
     def open(self, sealed: object) -> str | None:
         """The text of this server's `encrypted_content`; None when it is not one."""
-        if not isinstance(sealed, str) or not sealed.startswith(SEALED_PREFIX):
+        return self._open(SEALED_PREFIX, b"reasoning", sealed)
+
+    def seal_context(self, text: str) -> str:
+        """A compaction item's `encrypted_content` for a serialized compacted context
+        (its own purpose: a reasoning seal never opens as a context, nor the reverse)."""
+        return self._seal(CONTEXT_PREFIX, b"compaction", text)
+
+    def open_context(self, sealed: object) -> str | None:
+        """The serialized context of this server's compaction item; None when it is not one."""
+        return self._open(CONTEXT_PREFIX, b"compaction", sealed)
+
+    def _seal(self, prefix: str, purpose: bytes, text: str) -> str:
+        body = base64.b64encode(text.encode("utf-8", "surrogatepass")).decode()
+        mac = base64.b64encode(self._mac(purpose, text)).decode()
+        return f"{prefix}{body}.{mac}"
+
+    def _open(self, prefix: str, purpose: bytes, sealed: object) -> str | None:
+        if not isinstance(sealed, str) or not sealed.startswith(prefix):
             return None
-        body, _, mac = sealed[len(SEALED_PREFIX):].partition(".")
+        body, _, mac = sealed[len(prefix):].partition(".")
         try:
             text = base64.b64decode(body, validate=True).decode("utf-8", "surrogatepass")
             given = base64.b64decode(mac, validate=True)
         except (binascii.Error, UnicodeDecodeError):
             return None
-        return text if hmac.compare_digest(given, self._mac(b"reasoning", text)) else None
+        return text if hmac.compare_digest(given, self._mac(purpose, text)) else None
 
 
 _default: Signer | None = None
