@@ -37,6 +37,8 @@ from jumpahead.proxy.turn import Turn, TurnOutput
 
 from .api import BoundaryEvent, Intervention, Policy, RequestContext, SessionState, TurnResult
 from .boundary import BoundaryProposer
+from .context_edits import FILL_KEY, edit_specs
+from .context_edits import report as context_edits_report
 from .registry import PolicyError, PolicySpec, parse_spec, spec_from_object
 from .tracker import OutputTracker
 
@@ -101,6 +103,7 @@ class PolicyRun:
         self.errors: list[dict[str, str]] = []
         self.proposer: BoundaryProposer | None = None
         self.ctx: dict[str, RequestContext] = {}
+        self.context_edits: dict[str, Any] | None = None  # the request's Anthropic context edits, applied
         self._lock = threading.Lock()
 
     def call(self, active: Active, hook: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -248,7 +251,8 @@ class PolicyHooks:
     # --- hooks ---------------------------------------------------------------------------
     def before_render(self, exchange: Exchange, turn: Turn) -> Turn:
         specs = self._specs(turn)
-        if not specs:
+        asked_edits = "context_edits" in turn.extra  # Anthropic context_management (answered even if empty)
+        if not specs and not asked_edits:
             return turn
         actives, failed = [], []
         for spec, from_request in specs:
@@ -282,6 +286,8 @@ class PolicyHooks:
                 run.fail(active, "on_request", f"returned {type(new).__name__}, not a Turn or None")
                 continue
             turn = new
+        if asked_edits:
+            run.context_edits = context_edits_report([a.policy for a in actives if not a.disabled])
         session.requests += 1
         return turn
 
@@ -333,6 +339,8 @@ class PolicyHooks:
         if out.usage.fill is None:
             out.usage.fill = {}
         out.usage.fill["policies"] = {**report, "interventions": list(run.interventions)}
+        if run.context_edits is not None:
+            out.usage.fill[FILL_KEY] = run.context_edits  # the adapter answers applied_edits from it
         self._count(run, report)
 
     # --- reports -------------------------------------------------------------------------
@@ -385,7 +393,8 @@ class PolicyHooks:
                                       "(a request may name built-in policies and the ones the server was started "
                                       "with: serve --policy)", param="jumpahead.policies")
         base = [] if replace else [(s, False) for s in self.specs]
-        return base + [(s, True) for s in requested]
+        edits = edit_specs(turn.extra.get("context_edits") or [])  # after the server's and the request's policies
+        return base + [(s, True) for s in requested] + [(s, True) for s in edits]
 
     def _context(self, turn: Turn, session: SessionState, active: Active) -> RequestContext:
         return RequestContext(turn=turn, session=session, tokenizer=self.tokenizer,

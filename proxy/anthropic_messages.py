@@ -18,6 +18,7 @@ import orjson
 from jumpahead.engine.types import SamplingParams
 
 from . import sse
+from .context_edits import applied_edits, parse_context_management
 from .errors import anthropic_error_body, invalid_request
 from .fields import boolean, integer, number, obj
 from .signing import Signer, default_signer
@@ -303,6 +304,8 @@ def parse_messages_request(body: Any, *, for_counting: bool = False, signer: Sig
                                                  "service_tier") if k in body}
     if dropped:
         extra["thinking_dropped"] = len(dropped)
+    if body.get("context_management") is not None:
+        extra["context_edits"] = parse_context_management(body["context_management"])  # applied by the policy runtime
     if messages[-1].role == "assistant" and not messages[-1].tool_calls:
         extra["continue_final_message"] = True  # Anthropic prefill: the answer continues it
     model = body.get("model")
@@ -383,7 +386,7 @@ def message_object(out: TurnOutput, *, id: str, model: str, signer: Signer | Non
         content.append({"type": "text", "text": out.content})
     for call in out.tool_calls:
         content.append({"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": tool_input(call)})
-    return {
+    message = {
         "id": id,
         "type": "message",
         "role": "assistant",
@@ -393,6 +396,10 @@ def message_object(out: TurnOutput, *, id: str, model: str, signer: Signer | Non
         "stop_sequence": out.stop_sequence,
         "usage": usage_json(out.usage),
     }
+    context_management = applied_edits(out.usage)  # the request's context edits (proxy/context_edits.py)
+    if context_management is not None:
+        message["context_management"] = context_management
+    return message
 
 
 class MessagesStream:
@@ -406,6 +413,7 @@ class MessagesStream:
     With `start_usage`, message_start waits for the first event and takes its usage
     from it: by then the engine knows how many prompt tokens came from the prefix
     cache, so message_start and message_delta report the same input and cache counts.
+    The applied context edits go into the final message_delta, as the API sends them.
     """
 
     def __init__(self, *, id: str, model: str, signer: Signer | None = None,
@@ -495,8 +503,12 @@ class MessagesStream:
             self.done = True
             delta = {"stop_reason": stop_reason(event.finish_reason, event.stop_sequence),
                      "stop_sequence": event.stop_sequence}
+            final: dict[str, Any] = {"type": "message_delta", "delta": delta, "usage": usage_json(event.usage)}
+            context_management = applied_edits(event.usage)
+            if context_management is not None:
+                final["context_management"] = context_management
             return self._close() + [
-                sse.event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage_json(event.usage)}),
+                sse.event("message_delta", final),
                 sse.event("message_stop", {"type": "message_stop"}),
             ]
         return []
