@@ -10,7 +10,8 @@ page the user's browser opens. This middleware refuses, before any route runs:
 - a browser request whose `Origin` (or `Sec-Fetch-Site: cross-site|same-site` without
   one) is not an allowed origin: no page may POST here unless `--allow-origin` names it;
   allowed origins get CORS headers (preflight included) from Starlette's CORSMiddleware;
-- with an API key configured, any request except `GET /health` and allowed CORS
+- with an API key configured, any request except `GET /health`, the dashboard's page
+  and scripts (no data; proxy/dashboard.py) and allowed CORS
   preflights without `Authorization: Bearer KEY` or `x-api-key: KEY` (compared in
   constant time). The key is never logged or echoed.
 
@@ -36,7 +37,10 @@ from .wire_errors import send_error
 log = logging.getLogger("jumpahead.access")
 
 ENV_API_KEY = "JUMPAHEAD_API_KEY"
-OPEN_PATHS = frozenset({"/health"})  # liveness probes carry no key
+# Liveness probes carry no key; nor does the dashboard's page and its scripts, which hold
+# no data (a browser opening a URL cannot send one): their data, /dashboard.json, needs it.
+OPEN_PATHS = frozenset({"/health", "/dashboard", "/dashboard/dashboard.js", "/dashboard/dashboard.css",
+                        "/dashboard/plotly.min.js"})
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "127.0.0.1", "::1"})
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 

@@ -168,6 +168,23 @@ def _get(op_id: str, summary: str, params: list[str] = (), anthropic: bool = Fal
     return op
 
 
+def _dashboard_paths() -> dict[str, Any]:
+    """The live dashboard (proxy/dashboard.py): its page and scripts need no key (they
+    hold no data), its data does."""
+    out: dict[str, Any] = {}
+    for path, op_id, summary, media in (
+            ("/dashboard", "dashboard", "the live dashboard page (no API key needed)", "text/html"),
+            ("/dashboard/dashboard.js", "dashboard_js", "the dashboard's script", "text/javascript"),
+            ("/dashboard/dashboard.css", "dashboard_css", "the dashboard's style sheet", "text/css"),
+            ("/dashboard/plotly.min.js", "dashboard_plotly", "plotly.js as the plotly package ships it",
+             "text/javascript")):
+        out[path] = {"get": {"operationId": op_id, "summary": summary, "security": [],
+                             "responses": {"200": {"description": "ok", "content": {media: {"schema": _STR}}}}}}
+    out["/dashboard.json"] = {"get": _get("dashboard_json", "what the dashboard shows: turns, sessions, "
+                                          "provenance, time saved, interventions, queue, prefix cache")}
+    return out
+
+
 def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
     """The whole document; aliases without /v1 are listed as their own paths."""
     paths: dict[str, Any] = {}
@@ -197,6 +214,7 @@ def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
     paths["/metrics"] = {"get": _get("metrics", "engine, server, policy counters (Prometheus text format)")}
     paths["/metrics.json"] = {"get": _get("metrics_json", "the same counters as JSON")}
     paths["/openapi.json"] = {"get": _get("openapi", "this document")}
+    paths.update(_dashboard_paths())
     return {
         "openapi": "3.1.0",
         "info": {"title": "jumpahead", "version": version,

@@ -31,6 +31,7 @@ from . import sse
 from .access import AccessConfig, access_middleware
 from .anthropic_messages import MessagesStream, message_id, message_object, parse_messages_request
 from .body_limit import DEFAULT_MAX_BODY_BYTES, MAX_JSON_DEPTH, BodyLimitMiddleware, too_deep
+from .dashboard import DashboardFeed, dashboard_routes
 from .errors import APIError, error_body, invalid_request, not_found, server_error
 from .exchange import Exchange
 from .openai_chat import ChatStream, chat_completion, completion_id, parse_chat_request
@@ -344,7 +345,7 @@ async def root(request: Request) -> Response:
     return JSONResponse({"name": "jumpahead", "model": _model_name(_engine(request)),
                          "endpoints": ["/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens",
                                        "/v1/responses", "/v1/models", "/health", "/metrics", "/metrics.json",
-                                       "/openapi.json"]})
+                                       "/openapi.json", "/dashboard"]})
 
 
 async def health(request: Request) -> Response:
@@ -453,6 +454,7 @@ def create_app(engine: Any, script: Script | None = None, response_store: Respon
         Route("/metrics", metrics, methods=["GET"]),
         Route("/metrics.json", metrics_json, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
+        *dashboard_routes(),  # /dashboard, /dashboard.json (proxy/dashboard.py)
     ]
     middleware = [*access_middleware(access or AccessConfig()),
                   Middleware(BodyLimitMiddleware, limit=max_body_bytes)]
@@ -464,7 +466,8 @@ def create_app(engine: Any, script: Script | None = None, response_store: Respon
     app.state.engine = engine
     app.state.stats = Counter()
     app.state.script = script
-    app.state.hooks = list(hooks or [])
+    app.state.dashboard = DashboardFeed(engine)  # last: it reads what the other hooks noted
+    app.state.hooks = [*(hooks or []), app.state.dashboard]
     app.state.responses = response_store if response_store is not None else ResponseStore()
     app.state.signer = signer or default_signer()  # signs reasoning handed out (proxy/signing.py)
     return app

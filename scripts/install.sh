@@ -16,6 +16,14 @@ if [ "$(uname -s)" = Linux ]; then
       echo "warning: libgfortran.so.5 not found; MLX will fall back to its slow reference BLAS" >&2
     fi
   fi
+  # The dashboard's browser test (tests/test_dashboard.py) drives Debian's headless
+  # Chromium; it skips where neither is installed.
+  if ! command -v chromedriver >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+    echo "installing chromium and chromium-driver (the dashboard's browser test)"
+    { $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } ||
+      echo "warning: chromium could not be installed; the dashboard's browser test will skip" >&2
+  fi
 fi
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
