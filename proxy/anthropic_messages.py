@@ -1,10 +1,11 @@
 """Anthropic Messages: request body -> Turn, Turn output -> message JSON and SSE events.
 
 Lenient where real clients are loose (a `system` role inside `messages`,
-`cache_control` anywhere, `context_management`, `output_config`, `thinking`,
-`eager_input_streaming`, unknown fields and server tools are ignored), strict where
-the answer would change (types and ranges of sampling fields, roles, tool names).
-Model reasoning becomes thinking blocks; tool calls become tool_use blocks.
+`cache_control` anywhere, `output_config`, `thinking`, `eager_input_streaming`, unknown
+fields and server tools are ignored), strict where the answer would change (types and
+ranges of sampling fields, roles, tool names, `context_management` edits: applied by
+the policy runtime, proxy/context_edits.py). Model reasoning becomes thinking blocks;
+tool calls become tool_use blocks.
 """
 
 from __future__ import annotations

@@ -160,6 +160,12 @@ def test_claude_code_request_gets_applied_edits(scripted_engine) -> None:
             model=variant["model"], max_tokens=64, system=variant["system"], messages=messages,
             tools=variant["tools"], metadata=variant["metadata"], context_management=variant["context_management"],
             betas=BETA)
+        with client.beta.messages.stream(
+                model=variant["model"], max_tokens=64, system=variant["system"], messages=messages,
+                tools=variant["tools"], metadata=variant["metadata"], context_management=variant["context_management"],
+                betas=BETA) as stream:
+            streamed = stream.get_final_message()  # the SDK takes it from the final message_delta
+    assert streamed.context_management == message.context_management
     (edit,) = message.context_management.applied_edits
     assert edit.type == CLEAR_THINKING and edit.cleared_thinking_turns == 1 and edit.cleared_input_tokens >= 0
     fill = message.usage.model_extra["fill"]["context_edits"]
@@ -271,3 +277,64 @@ def test_unknown_edit_type_is_ignored_with_a_log_line(scripted_engine, caplog) -
     assert edit == {"type": CLEAR_TOOL_USES, "cleared_tool_uses": 3, "cleared_input_tokens": edit["cleared_input_tokens"]}
     assert edit["cleared_input_tokens"] > 100  # results 0-2 (the last one is kept)
     assert any("compact_20260112" in r.getMessage() and "ignored" in r.getMessage() for r in caplog.records)
+
+
+# --- the policies through the runtime (no model: the default tokenizer) ---------------------
+
+
+def _run(hooks: PolicyHooks, body: dict[str, Any], session: str = "s") -> tuple[Any, Any, dict[str, Any]]:
+    from jumpahead.proxy.exchange import Exchange
+
+    turn = parse_messages_request(body)
+    exchange = Exchange("messages", session_id=session)
+    out = hooks.before_render(exchange, turn)
+    return turn, out, exchange.state["policies"].context_edits
+
+
+def test_without_clear_at_least_each_turn_clears_one_more_and_keeps_the_earlier_ones() -> None:
+    from .policy_sessions import default_tokenizer
+
+    tokenizer = default_tokenizer()
+    hooks = PolicyHooks([], tokenizer, 8192)
+    edits = {"edits": [{"type": CLEAR_TOOL_USES, "trigger": {"type": "tool_uses", "value": 3},
+                        "keep": {"type": "tool_uses", "value": 2}, "clear_tool_inputs": True,
+                        "exclude_tools": ["Grep"]}]}
+    outs, reports = [], []
+    for pairs in (8, 9, 10):
+        turn, out, report = _run(hooks, {"model": "m", "max_tokens": 4, "messages": long_session(pairs),
+                                         "context_management": edits})
+        outs.append(out)
+        reports.append(report)
+        (applied,) = report["applied_edits"]
+        assert applied["cleared_input_tokens"] == len(render_prompt(tokenizer, turn)) - len(render_prompt(tokenizer, out))
+    # results older than the last 2, Grep's (k = 0, 5) excluded: 8 pairs -> k = 1-4; then 6, then 7
+    assert [r["applied_edits"][0]["cleared_tool_uses"] for r in reports] == [4, 5, 6]
+    for prev, cur in zip(outs, outs[1:]):
+        for i, m in enumerate(prev.messages[:-4]):
+            assert cur.messages[i] == m  # earlier clears (results and inputs) reproduced as they were
+    last = outs[-1].messages
+    calls = {c.id: c for m in last if m.role == "assistant" for c in m.tool_calls}
+    assert calls["toolu_01"].arguments == "{}" and calls["toolu_07"].arguments == "{}"  # inputs cleared with results
+    assert calls["toolu_00"].arguments != "{}" and calls["toolu_08"].arguments != "{}"  # excluded; kept
+
+
+def test_thinking_clearing_counts_the_tokens_a_template_shows() -> None:
+    from .policy_sessions import default_tokenizer
+
+    tokenizer = default_tokenizer(show_reasoning=True)
+    hooks = PolicyHooks([], tokenizer, 8192)
+    messages = long_session(4)
+    for k, m in enumerate(messages):
+        if m["role"] == "assistant":
+            text = f"Reading module {k} next, since the failing test imports it. " * 6
+            m["content"].insert(0, {"type": "thinking", "thinking": text, "signature": "unchecked"})
+    edits = {"edits": [{"type": CLEAR_THINKING, "keep": {"type": "thinking_turns", "value": 2}}]}
+    turn, out, report = _run(hooks, {"model": "m", "max_tokens": 4, "messages": messages,
+                                     "context_management": edits})
+    (applied,) = report["applied_edits"]
+    assert applied["type"] == CLEAR_THINKING and applied["cleared_thinking_turns"] == 2
+    assert applied["cleared_input_tokens"] == len(render_prompt(tokenizer, turn)) - len(render_prompt(tokenizer, out)) > 100
+    assert [bool(m.reasoning) for m in out.messages if m.role == "assistant"] == [False, False, True, True]
+    _, _, again = _run(hooks, {"model": "m", "max_tokens": 4, "messages": messages,
+                               "context_management": {"edits": [{"type": CLEAR_THINKING, "keep": "all"}]}})
+    assert again["applied_edits"] == []
