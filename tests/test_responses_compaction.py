@@ -195,3 +195,35 @@ def test_malformed_context_management_is_a_400(client) -> None:
         with pytest.raises(openai.BadRequestError) as err:
             _create(client, session_items(1), context_management=cm)
         assert "context_management" in err.value.message
+
+
+def test_model_written_compaction_and_bad_options(client) -> None:
+    """`jumpahead.compaction` passes the compaction policy's options: the serving model
+    writes the account (mode=model); a bad option is a 400 naming the field."""
+    compacted = client.responses.compact(model="m", instructions=INSTRUCTIONS, input=session_items(2),
+                                         extra_body={"jumpahead": {"compaction": {"mode": "model",
+                                                                                  "summary_tokens": 8}}})
+    report = compacted.model_dump(warnings=False)["jumpahead"]["compaction"]
+    assert report["decision"] == "rewritten" and report["segments"] == 1 and "fallback" not in report, report
+    assert report["tokens_after"] < report["tokens_before"]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.compact(model="m", input=session_items(2),
+                                 extra_body={"jumpahead": {"compaction": {"mode": "magic"}}})
+    assert "jumpahead.compaction" in err.value.message and "mode" in err.value.message
+
+
+def test_compacting_again_keeps_what_the_earlier_item_stands_for(client) -> None:
+    """A second compaction over an item leaves the item's messages as they were (their
+    prompt tokens stay a cached prefix) and compacts only the steps after it."""
+    from jumpahead.proxy.signing import default_signer
+
+    first = _dump(client.responses.compact(model="m", instructions=INSTRUCTIONS, input=session_items(4)).output)
+    later = session_items(8)[1 + 3 * 4:]  # steps 4..7 and the closing user message
+    second = client.responses.compact(model="m", instructions=INSTRUCTIONS, input=[*first, *later])
+    report = second.model_dump(warnings=False)["jumpahead"]["compaction"]
+    # steps 4..6 (7 is the last turn); step 3, the newest step at the first compaction, is inside the item
+    assert report["decision"] == "rewritten" and report["segments"] == 3
+    signer = default_signer()  # the in-process server's key
+    kept = open_item(first[-1], signer, "first")
+    again = open_item(_dump(second.output)[-1], signer, "second")
+    assert again[:len(kept)] == kept and len(again) > len(kept)
