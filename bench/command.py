@@ -22,6 +22,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "crash": ("jumpahead.bench.crash", "SIGKILL during SSD cache and trace writes: restart, outputs, traces"),
     "family-model": ("jumpahead.bench.family_models", "build a random-weight model of a layer family "
                      "(sliding, sinks, MLA, hybrid recurrent) for the other benches' --model"),
+    "kv": ("jumpahead.bench.kv", "quantized KV cache: next-token agreement and logit error vs full precision "
+           "at agent contexts, bytes per token, what fits 1 GiB"),
     "trace-size": ("jumpahead.bench.trace_size", "trace file bytes: delta-encoded turn lines vs every turn whole"),
 }
 

@@ -76,15 +76,17 @@ def ours(engine: Any, prompt: list[int], n: int) -> dict[str, Any]:
     return _measure(*asyncio.run(go()), len(prompt))
 
 
-def mlx_lm(model: Any, tokenizer: Any, prompt: list[int], n: int) -> dict[str, Any]:
+def mlx_lm(model: Any, tokenizer: Any, prompt: list[int], n: int, kv_bits: int | None = None) -> dict[str, Any]:
     from mlx_lm import stream_generate
     from mlx_lm.models.cache import make_prompt_cache
 
     cache = make_prompt_cache(model)
+    # its quantized cache from the first token, as ours (mlx-lm's default starts at 5000)
+    quant = {"kv_bits": kv_bits, "kv_group_size": 64, "quantized_kv_start": 0} if kv_bits else {}
     t0 = _now()
     stamps: list[tuple[float, float]] = []
     tokens: list[int] = []
-    for r in stream_generate(model, tokenizer, prompt, max_tokens=n, prompt_cache=cache):
+    for r in stream_generate(model, tokenizer, prompt, max_tokens=n, prompt_cache=cache, **quant):
         stamps.append(_now())
         tokens.append(int(r.token))
     # stream_generate yields the EOS token too (as text ""); ours emits it as well
@@ -117,14 +119,24 @@ def run(
     tokens: int = 32,
     repeats: int = 1,
     progress: Callable[[str], None] = lambda s: None,
+    kv_bits: int | None = None,
 ) -> dict[str, Any]:
+    """`kv_bits`: both arms with their KV cache quantized to these bits (ours:
+    engine/kv_format.py, group 64; mlx-lm: its QuantizedKVCache from the first token),
+    beside both at full precision ("ours_full", "mlx_lm_full")."""
     import mlx.core as mx
 
     from jumpahead.engine.engine import Engine, EngineConfig
+    from jumpahead.engine.kv_format import KVFormat
 
-    engine = Engine.load(model_name, EngineConfig(prefix_cache=False), progress=lambda s: None)
+    full = Engine.load(model_name, EngineConfig(prefix_cache=False), progress=lambda s: None)
+    engine = full
+    if kv_bits:
+        engine = Engine(full.model, full.tokenizer, full.info,
+                        EngineConfig(prefix_cache=False, kv_format=KVFormat(kv_bits, kv_bits)))
     model, tok = engine.model, engine.tokenizer
     out: dict[str, Any] = {"bench": "decode.contexts", "model": engine.info.name, "dtype": engine.info.dtype,
+                           "kv_bits": kv_bits,
                            "device": str(mx.default_device()), "tokens": tokens, "repeats": repeats,
                            "context_length": engine.context_length, "contexts": {}}
     try:
@@ -134,13 +146,16 @@ def run(
                              f"({engine.context_length} tokens)")
         warm = session_prompt(tok, 256)[0]  # page in weights, allocate buffers
         ours(engine, warm, 4)
-        mlx_lm(model, tok, warm, 4)
+        mlx_lm(model, tok, warm, 4, kv_bits)
+        names = ("ours", "mlx_lm") + (("ours_full", "mlx_lm_full") if kv_bits else ())
+        do = {"ours": lambda p: ours(engine, p, tokens), "mlx_lm": lambda p: mlx_lm(model, tok, p, tokens, kv_bits),
+              "ours_full": lambda p: ours(full, p, tokens), "mlx_lm_full": lambda p: mlx_lm(model, tok, p, tokens)}
         for c in contexts:
             prompt, source = session_prompt(tok, c)
-            runs: dict[str, list[dict[str, Any]]] = {"ours": [], "mlx_lm": []}
+            runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
             for r in range(repeats):
-                for arm in (("ours", "mlx_lm") if r % 2 == 0 else ("mlx_lm", "ours")):
-                    res = ours(engine, prompt, tokens) if arm == "ours" else mlx_lm(model, tok, prompt, tokens)
+                for arm in (names if r % 2 == 0 else names[::-1]):
+                    res = do[arm](prompt)
                     runs[arm].append(res)
                     progress(f"context {c} {arm:>6}: prefill {res['prefill_tok_s']:.1f} tok/s "
                              f"(ttft {res['ttft_s']:.1f}s; by CPU time {res['prefill_cpu_tok_s']:.1f} tok/s), "
@@ -151,7 +166,7 @@ def run(
                 return statistics.median(x[key] for x in runs[arm])
 
             row = {"prompt": source}
-            for arm in ("ours", "mlx_lm"):
+            for arm in names:
                 row[arm] = {"prefill_tok_s": round(med(arm, "prefill_tok_s"), 1), "ttft_s": round(med(arm, "ttft_s"), 2),
                             "decode_ms_per_token": round(med(arm, "decode_ms"), 1),
                             "prefill_cpu_tok_s": round(med(arm, "prefill_cpu_tok_s"), 1),
@@ -162,11 +177,18 @@ def run(
                     row["ours"][f"prefill{clock}_tok_s"] / row["mlx_lm"][f"prefill{clock}_tok_s"], 3)
                 row[f"decode{clock}_ratio"] = round(
                     row["mlx_lm"][f"decode{clock}_ms_per_token"] / row["ours"][f"decode{clock}_ms_per_token"], 3)
+            if kv_bits:  # what quantizing did to each side's speed
+                for side in ("ours", "mlx_lm"):
+                    row[f"{side}_quantized_over_full"] = {
+                        "prefill": round(row[side]["prefill_tok_s"] / row[f"{side}_full"]["prefill_tok_s"], 3),
+                        "decode": round(row[f"{side}_full"]["decode_ms_per_token"] / row[side]["decode_ms_per_token"], 3)}
             row["agreeing_tokens"] = [_agree(a["tokens"], b["tokens"]) for a, b in zip(runs["ours"], runs["mlx_lm"])]
             row["samples"] = {arm: [{k: round(x[k], 1) for k in ("prefill_tok_s", "decode_ms", "prefill_cpu_tok_s",
                                                                   "decode_cpu_ms")} for x in runs[arm]] for arm in runs}
             out["contexts"][str(c)] = row
     finally:
         engine.close()
+        if engine is not full:
+            full.close()
     out["ratios"] = "ours over mlx-lm (> 1: ours is faster): prefill tokens/s, and decode ms/token inverted"
     return out

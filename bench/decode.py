@@ -136,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="instead: prefill tokens/s and decode ms/token at these prompt lengths, e.g. "
                          "2048,4096,8000, vs mlx-lm stream_generate (bench/context.py; --tokens "
                          "defaults to 32 and --repeats to 1 there)")
+    ap.add_argument("--kv-bits", type=int, default=None, choices=(4, 8),
+                    help="with --contexts: both sides' KV cache quantized to these bits, beside both at "
+                         "full precision")
     ap.add_argument("--out", default=None, help="also write the JSON result to this file")
     args = ap.parse_args(argv)
     from .output import emit
@@ -152,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         result = context.run(args.model, contexts, args.tokens or 32, args.repeats or 1,
-                             progress=lambda s: print(s, file=sys.stderr, flush=True))
+                             progress=lambda s: print(s, file=sys.stderr, flush=True), kv_bits=args.kv_bits)
     except ValueError as exc:
         print(f"jumpahead bench decode: {exc}", file=sys.stderr)
         return 2

@@ -80,6 +80,10 @@ BENCH_SIZE = {"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads
               "linear_value_head_dim": 64, "num_hidden_layers": 24, "sliding_window": 512}
 
 
+# `size="kv"`: the tiny shape with head widths a quantized KV cache can group (64, 128).
+KV_SIZE = {"head_dim": 64, "query_pre_attn_scalar": 64, "global_head_dim": 128, "mamba_d_head": 16}
+
+
 def family_config(family: str, size: str = "tiny") -> dict:
     config = json.loads(json.dumps(CONFIGS[family]))
     if size == "bench":
@@ -92,8 +96,13 @@ def family_config(family: str, size: str = "tiny") -> dict:
         if family == "gemma3_text":
             target.update({"num_key_value_heads": 1, "head_dim": 256, "num_attention_heads": 4,
                            "query_pre_attn_scalar": 256, "sliding_window_pattern": 6})
+    elif size == "kv":  # tiny, with heads as wide as quantized KV groups need (64)
+        target = config.get("text_config", config)
+        for k, v in KV_SIZE.items():
+            if k in target or k == "head_dim":
+                target[k] = v
     elif size != "tiny":
-        raise ValueError(f"size must be tiny or bench, got {size!r}")
+        raise ValueError(f"size must be tiny, kv or bench, got {size!r}")
     return config
 
 

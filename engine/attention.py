@@ -64,11 +64,50 @@ def _softmax_rows(x: np.ndarray, sink: np.ndarray | None = None) -> np.ndarray:
     return x
 
 
+def _masked(scores: mx.array, mask: Any, B: int, Hkv: int, rep: int, L: int, S: int) -> mx.array:
+    """scores [B, Hkv, rep*L, S] with the mask applied (-inf where hidden)."""
+    m = _mask_array(mask, L, S)
+    if m is None:
+        return scores
+    s5 = scores.reshape(B, Hkv, rep, L, S)
+    if m.ndim == 4:  # [B or 1, 1 or Hq, L, S]
+        m = m.reshape(m.shape[0], -1, 1, L, S) if m.shape[1] == 1 else m.reshape(m.shape[0], Hkv, rep, L, S)
+    if m.dtype == mx.bool_:
+        s5 = mx.where(m, s5, mx.array(-np.inf, dtype=s5.dtype))
+    else:
+        s5 = s5 + m.astype(s5.dtype)
+    return s5.reshape(B, Hkv, rep * L, S)
+
+
+def _probabilities(scores: mx.array, sinks: mx.array | None, Hkv: int, rep: int, L: int) -> mx.array:
+    """softmax over the keys of scores [B, Hkv, rep*L, S] in float32: numpy's exp where
+    the tensor is large (module docstring), MLX's otherwise."""
+    scores = scores.astype(mx.float32)
+    if scores.size < NUMPY_MIN or mx.default_device() != mx.cpu:
+        if sinks is None:
+            return mx.softmax(scores, axis=-1, precise=True)
+        sink = sinks.astype(mx.float32).reshape(1, Hkv, rep, 1, 1)
+        sink = mx.broadcast_to(sink, (1, Hkv, rep, L, 1)).reshape(1, Hkv, rep * L, 1)
+        top = mx.maximum(scores.max(axis=-1, keepdims=True), sink)
+        e = mx.exp(scores - top)
+        return e / (e.sum(axis=-1, keepdims=True) + mx.exp(sink - top))
+    mx.eval(scores)
+    sink = None
+    if sinks is not None:  # query rows are (key head, rep, L): head h = kv * rep + r
+        sink = np.asarray(sinks.astype(mx.float32)).reshape(1, Hkv, rep, 1, 1)
+        sink = np.broadcast_to(sink, (1, Hkv, rep, L, 1)).reshape(1, Hkv, rep * L, 1)
+    return mx.array(_softmax_rows(np.asarray(scores), sink))  # a view of the evaluated buffer
+
+
 def attention(
-    q: mx.array, k: mx.array, v: mx.array, scale: float, mask: Any = None, sinks: mx.array | None = None
+    q: mx.array, k: Any, v: Any, scale: float, mask: Any = None, sinks: mx.array | None = None,
+    fmt: Any = None,
 ) -> mx.array:
     """softmax(q k^T * scale + mask) v for q [B, Hq, L, D], k/v [B, Hkv, S, D];
-    `sinks` [Hq]: a per-head logit in the softmax without a value (gpt-oss)."""
+    `sinks` [Hq]: a per-head logit in the softmax without a value (gpt-oss). With `fmt`
+    (a KVFormat), k and v are quantized triples (engine/kv_format.py)."""
+    if fmt is not None:
+        return quantized_attention(q, k, v, scale, mask, sinks, fmt)
     B, Hq, L, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     if B * Hq * L * S < NUMPY_MIN or mx.default_device() != mx.cpu:
@@ -76,25 +115,26 @@ def attention(
     rep = Hq // Hkv
     # query head h reads key head h // rep: fold the rep heads' queries into rows
     scores = (q * scale).reshape(B, Hkv, rep * L, D) @ k.swapaxes(-1, -2)  # [B, Hkv, rep*L, S]
-    m = _mask_array(mask, L, S)
-    if m is not None:
-        s5 = scores.reshape(B, Hkv, rep, L, S)
-        if m.ndim == 4:  # [B or 1, 1 or Hq, L, S]
-            m = m.reshape(m.shape[0], -1, 1, L, S) if m.shape[1] == 1 else m.reshape(m.shape[0], Hkv, rep, L, S)
-        if m.dtype == mx.bool_:
-            s5 = mx.where(m, s5, mx.array(-np.inf, dtype=s5.dtype))
-        else:
-            s5 = s5 + m.astype(s5.dtype)
-        scores = s5.reshape(B, Hkv, rep * L, S)
-    scores = scores.astype(mx.float32)
-    mx.eval(scores)
-    sink = None
-    if sinks is not None:  # query rows are (key head, rep, L): head h = kv * rep + r
-        sink = np.asarray(sinks.astype(mx.float32)).reshape(1, Hkv, rep, 1, 1)
-        sink = np.broadcast_to(sink, (1, Hkv, rep, L, 1)).reshape(1, Hkv, rep * L, 1)
-    probs = mx.array(_softmax_rows(np.asarray(scores), sink))  # a view of the evaluated buffer
+    probs = _probabilities(_masked(scores, mask, B, Hkv, rep, L, S), sinks, Hkv, rep, L)
     out = probs.astype(v.dtype) @ v  # [B, Hkv, rep*L, Dv]
     return out.reshape(B, Hq, L, v.shape[-1])
+
+
+def quantized_attention(q: mx.array, k: tuple, v: tuple, scale: float, mask: Any, sinks: mx.array | None,
+                        fmt: Any) -> mx.array:
+    """Attention over quantized keys and values: the scores and the weighted sum are
+    `mx.quantized_matmul`s on the packed words (no dequantized copy of the cache), as
+    mlx-lm's quantized attention does, with our softmax (numpy's exp on the CPU, sinks,
+    separate key and value bits)."""
+    B, Hq, L, D = q.shape
+    Hkv, S = k[0].shape[1], k[0].shape[2]
+    rep = Hq // Hkv
+    qs = (q * scale).reshape(B, Hkv, rep * L, D)
+    scores = mx.quantized_matmul(qs, *k, transpose=True, group_size=fmt.group_size, bits=fmt.key_bits)
+    probs = _probabilities(_masked(scores, mask, B, Hkv, rep, L, S), sinks, Hkv, rep, L)
+    out = mx.quantized_matmul(probs.astype(q.dtype), *v, transpose=False, group_size=fmt.group_size,
+                              bits=fmt.value_bits)  # [B, Hkv, rep*L, Dv]
+    return out.reshape(B, Hq, L, out.shape[-1])
 
 
 def install(model: Any) -> bool:
@@ -112,7 +152,7 @@ def install(model: Any) -> bool:
 
     def routed(queries, keys, values, cache, scale, mask, sinks=None):
         if isinstance(cache, LayerCache):
-            return attention(queries, keys, values, scale, mask, sinks)
+            return attention(queries, keys, values, scale, mask, sinks, fmt=cache.fmt)
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
     routed._jumpahead = True  # type: ignore[attr-defined]

@@ -16,6 +16,7 @@ import mlx.core as mx
 
 from .blas import blas_info
 from .logprobs import MAX_TOP_LOGPROBS
+from .kv_format import KVFormat
 from .methods import describe as describe_methods
 from .memory import RowRegistry, engine_memory, return_freed_memory_to_os
 from .model_runner import ModelRunner
@@ -61,6 +62,8 @@ class EngineConfig:
     # Run one throwaway prefill chunk and round at startup (ModelRunner.warm_up), so
     # the first request (a restarted server's cache hit) pays no first-forward costs.
     warm_up: bool = True
+    # Attention layers' keys and values quantized (engine/kv_format.py); None: full precision.
+    kv_format: KVFormat | None = None
 
 
 class Engine:
@@ -72,7 +75,7 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self.info = info
-        self.runner = ModelRunner(model)
+        self.runner = ModelRunner(model, self.config.kv_format)
         self.context_length = self.runner.context_length
         self.scheduler = Scheduler(
             self.runner,
@@ -145,9 +148,14 @@ class Engine:
             # an adapter fused into the weights is part of the model's identity
             name = str(getattr(self.info, "cache_name", None) or getattr(self.info, "name", None) or "model")
             digest = getattr(self.info, "adapter_digest", None)
-            directory = c.prefix_cache_dir or default_cache_root() / model_dir_name(name)
+            # a KV format's prefixes get their own folder (another format's are foreign)
+            folder = name + (f"-kv-{c.kv_format.name}" if c.kv_format else "")
+            directory = c.prefix_cache_dir or default_cache_root() / model_dir_name(folder)
             try:
-                fp = model_fingerprint(self.model, name, extra=f"adapter:{digest}" if digest else "")
+                # so are the adapter fused into the weights and the KV format
+                extra = ";".join(x for x in (f"adapter:{digest}" if digest else "",
+                                             f"kv:{c.kv_format.name}" if c.kv_format else "") if x)
+                fp = model_fingerprint(self.model, name, extra=extra)
                 ssd = SsdStore(directory, fp, name, c.prefix_cache_ssd_bytes,
                                max_pending_bytes=max(c.prefix_cache_ram_bytes, 256 << 20))
             except Exception as exc:  # never fail the engine over its cache

@@ -23,7 +23,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import attention
-from .cache_layout import has_recurrent, model_layout, padding_safe, summary
+from .cache_layout import UnsupportedModel, has_recurrent, model_layout, padding_safe, summary
+from .kv_format import KVFormat
 from .ragged import MIN_PADS, ragged_hidden, supports_ragged
 from .row_cache import RowKVCache
 
@@ -48,8 +49,9 @@ def _head_candidates(model: nn.Module, trunk: nn.Module) -> list[Callable[[mx.ar
 
 
 class ModelRunner:
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, kv_format: KVFormat | None = None) -> None:
         self.model = model
+        self.kv_format = kv_format
         self.layout = model_layout(model)  # raises UnsupportedModel for unknown cache kinds
         self.n_layers = len(self.layout)
         args = getattr(model, "args", None)
@@ -67,7 +69,10 @@ class ModelRunner:
             or 32768
         )
         # our cache layers' attention calls go through engine/attention.py (fast on CPU)
-        attention.install(model)
+        installed = attention.install(model)
+        if kv_format is not None and not installed:
+            raise UnsupportedModel(f"{self.model_type}: --kv-bits needs attention through mlx-lm's "
+                                   "scaled_dot_product_attention, which this model class does not call")
         self.trunk = _trunk(model)
         self.head = None
         self.key_widths: list[int] = []
@@ -81,19 +86,22 @@ class ModelRunner:
         """/health's account of the layer kinds the engine serves for this model."""
         out = summary(self.layout)
         out.update({"model_type": self.model_type, "split_head": self.split, "ragged": self.ragged,
-                    "verifies": self.trimmable})
+                    "verifies": self.trimmable,
+                    "kv_cache": self.kv_format.describe() if self.kv_format else {"format": "full"}})
         return out
 
     def _probe(self) -> None:
         """One tiny forward: which candidate head reproduces the model's logits, and
         the key width of each attention layer (for packed prefix-cache segments)."""
         tokens = mx.array([[1, 2, 3]], dtype=mx.int32)
-        cache = RowKVCache(self.layout)
+        cache = RowKVCache(self.layout, self.kv_format)
         cache.ends = [0]
         cache.begin(3)
         full = self.model(tokens, cache=cache.layers)
         mx.eval(full)
-        self.key_widths = [l.keys.shape[-1] if l.keys is not None else 0 for l in cache.attention]
+        self.key_widths = [l.buffers()[0].shape[-1] if l.keys is not None else 0 for l in cache.attention]
+        # each stored layer's arrays (width, dtype): how byte-packed segments unpack
+        self.part_specs = [[(a.shape[-1], a.dtype) for a in l.buffers()] for l in cache.stored]
         # how the prefix cache packs a row's attention KV (None: it cannot; see RowKVCache)
         self.packing = cache.segment_packing()
         # whether stored prefixes carry exact snapshots (recurrent state, sliding windows)
@@ -101,7 +109,7 @@ class ModelRunner:
         self.windowed = bool(cache.windowed)
         if self.trunk is None:
             return
-        cache = RowKVCache(self.layout)
+        cache = RowKVCache(self.layout, self.kv_format)
         cache.ends = [0]
         cache.begin(3)
         hidden = self.trunk(tokens, cache=cache.layers)
@@ -137,8 +145,9 @@ class ModelRunner:
         return time.perf_counter() - t0
 
     def new_cache(self) -> RowKVCache:
-        cache = RowKVCache(self.layout)
+        cache = RowKVCache(self.layout, self.kv_format)
         cache.key_widths = self.key_widths
+        cache.part_specs = self.part_specs
         return cache
 
     def forward(

@@ -28,7 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .attention import attention
-from .row_cache import ForwardPlan, RowKVCache
+from .row_cache import ForwardPlan, RowKVCache, map_buffer
 
 RAGGED_MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 
@@ -133,7 +133,7 @@ def _attention(attn: nn.Module, x: mx.array, layout: RaggedLayout, cache) -> mx.
     q = heads(attn.q_proj, n_heads, getattr(attn, "q_norm", None)).reshape(T, -1)  # [T, heads*D]
     if layout.runs is None:
         q = _grid(q, layout.spread, layout.B, n_heads)
-        out = attention(q, keys, values, attn.scale, cache.plan.mask)
+        out = attention(q, keys, values, attn.scale, cache.plan.mask, fmt=cache.fmt)
         out = out.transpose(0, 2, 1, 3).reshape(layout.B * layout.W, -1)
         return attn.o_proj(mx.take(out, layout.pack, axis=0)[None])
     outs = []
@@ -141,8 +141,9 @@ def _attention(attn: nn.Module, x: mx.array, layout: RaggedLayout, cache) -> mx.
         # a run's rows are contiguous in the packed order and in the batch: slices, no copies
         a, b = layout.offsets[r.start], layout.offsets[r.stop - 1] + r.width
         qr = q[a:b].reshape(r.stop - r.start, r.width, n_heads, -1).transpose(0, 2, 1, 3)
-        kr, vr = keys[r.start : r.stop], values[r.start : r.stop]
-        out = attention(qr, kr, vr, attn.scale, r.mask)
+        rows = lambda a: a[r.start : r.stop]  # noqa: E731
+        kr, vr = map_buffer(keys, rows), map_buffer(values, rows)
+        out = attention(qr, kr, vr, attn.scale, r.mask, fmt=cache.fmt)
         outs.append(out.transpose(0, 2, 1, 3).reshape((r.stop - r.start) * r.width, -1))
     return attn.o_proj(mx.concatenate(outs, axis=0)[None])  # runs in order = packed order
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from .cache_layout import FULL, LIST, RECURRENT, SLIDING, LayerKind
+from .kv_format import KVFormat
 
 STEP = 256  # sequence-axis growth quantum, as in mlx-lm
 
@@ -137,12 +138,35 @@ def plan_forward(
     return ForwardPlan(list(starts), width, offset, mask, uniform, span, index, list(lengths) if lengths else None)
 
 
-class LayerCache:
-    """One attention layer's keys and values for every row of a group."""
+def _parts(x: "Buffer") -> tuple[mx.array, ...]:
+    return x if isinstance(x, tuple) else (x,)
 
-    def __init__(self) -> None:
-        self.keys: mx.array | None = None  # [B, H, capacity, D]
-        self.values: mx.array | None = None  # [B, H, capacity, Dv] (MLA: Dv != D)
+
+def map_buffer(x: "Buffer", fn) -> "Buffer":
+    """fn applied to a buffer's arrays (one, or a quantized triple)."""
+    if x is None:
+        return None
+    return tuple(fn(a) for a in x) if isinstance(x, tuple) else fn(x)
+
+
+def _each2(x: "Buffer", y: "Buffer", fn) -> "Buffer":
+    return tuple(fn(a, b) for a, b in zip(x, y)) if isinstance(x, tuple) else fn(x, y)
+
+
+# A layer's keys (or values): one array [B, H, capacity, D], or, quantized
+# (engine/kv_format.py), the triple (words [B, H, capacity, D*bits/32], scales and
+# biases [B, H, capacity, D/group]). Every group operation acts on each array alike.
+Buffer = "mx.array | tuple[mx.array, mx.array, mx.array] | None"
+
+
+class LayerCache:
+    """One attention layer's keys and values for every row of a group; `fmt` (a
+    KVFormat) stores them quantized."""
+
+    def __init__(self, fmt: KVFormat | None = None) -> None:
+        self.fmt = fmt
+        self.keys = None  # [B, H, capacity, D], or its quantized triple
+        self.values = None  # [B, H, capacity, Dv] (MLA: Dv != D), or its quantized triple
         self.plan: ForwardPlan | None = None
 
     # --- the interface mlx-lm attention layers call -------------------------------
@@ -166,40 +190,51 @@ class LayerCache:
         """First cache column this layer's queries read in the current forward."""
         return 0
 
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+    def _encode(self, keys: mx.array, values: mx.array):
+        if self.fmt is None:
+            return keys, values
+        return self.fmt.quantize(keys, self.fmt.key_bits), self.fmt.quantize(values, self.fmt.value_bits)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
         plan = self.plan
-        B, H, W, D = keys.shape
-        self._reserve(B, H, D, plan.span, keys.dtype, values.shape[-1], values.dtype)
+        B, H, W, _ = keys.shape
+        keys, values = self._encode(keys, values)
+        self._reserve(B, H, plan.span, keys, values)
         if plan.uniform:
             s = plan.starts[0]
-            self.keys[..., s : s + W, :] = keys
-            self.values[..., s : s + W, :] = values
+            for buf, new in ((self.keys, keys), (self.values, values)):
+                for a, n in zip(_parts(buf), _parts(new)):
+                    a[..., s : s + W, :] = n
         else:
             idx = plan.index
-            self.keys = mx.put_along_axis(self.keys, mx.broadcast_to(idx, keys.shape), keys, axis=2)
-            self.values = mx.put_along_axis(
-                self.values, mx.broadcast_to(idx, values.shape), values, axis=2
-            )
-        lo = self._visible()
-        return self.keys[..., lo : plan.span, :], self.values[..., lo : plan.span, :]
+            put = lambda a, n: mx.put_along_axis(a, mx.broadcast_to(idx, n.shape), n, axis=2)  # noqa: E731
+            self.keys = _each2(self.keys, keys, put)
+            self.values = _each2(self.values, values, put)
+        lo, hi = self._visible(), plan.span
+        cut = lambda a: a[..., lo:hi, :]  # noqa: E731
+        return map_buffer(self.keys, cut), map_buffer(self.values, cut)
 
-    def update_tokens(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+    def update_tokens(self, keys: mx.array, values: mx.array):
         """Write packed tokens' keys/values [T, H, D] at their rows' positions (the
         plan's token_rows/token_pos) with one scatter each, no padded grid; return
         the keys/values the forward's queries see, as update_and_fetch does."""
         plan = self.plan
-        T, H, D = keys.shape
-        B, Dv = len(plan.starts), values.shape[-1]
-        self._reserve(B, H, D, plan.span, keys.dtype, Dv, values.dtype)
+        T, H, _ = keys.shape
+        B = len(plan.starts)
+        keys, values = self._encode(keys, values)
+        self._reserve(B, H, plan.span, map_buffer(keys, lambda a: a[None]), map_buffer(values, lambda a: a[None]))
         cap = self.capacity
         idx = plan.flat_index(H, cap)
-        flat = self.keys.reshape(B * H * cap, D)
-        flat[idx] = keys.reshape(T * H, D)
-        self.keys = flat.reshape(B, H, cap, D)
-        flat = self.values.reshape(B * H * cap, Dv)
-        flat[idx] = values.reshape(T * H, Dv)
-        self.values = flat.reshape(B, H, cap, Dv)
-        return self.keys[..., : plan.span, :], self.values[..., : plan.span, :]
+
+        def scatter(a: mx.array, n: mx.array) -> mx.array:
+            flat = a.reshape(B * H * cap, a.shape[-1])
+            flat[idx] = n.reshape(T * H, a.shape[-1])
+            return flat.reshape(B, H, cap, a.shape[-1])
+
+        self.keys = _each2(self.keys, keys, scatter)
+        self.values = _each2(self.values, values, scatter)
+        cut = lambda a: a[..., : plan.span, :]  # noqa: E731
+        return map_buffer(self.keys, cut), map_buffer(self.values, cut)
 
     @property
     def state(self):  # mlx-lm utilities look for this; we expose the raw buffers
@@ -208,37 +243,38 @@ class LayerCache:
     # --- group management ----------------------------------------------------------
     @property
     def capacity(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[2]
+        return 0 if self.keys is None else _parts(self.keys)[0].shape[2]
 
-    def _reserve(self, B, H, D, span, kdtype, Dv, vdtype) -> None:
-        if self.keys is not None and self.keys.shape[2] >= span:
+    def _reserve(self, B, H, span, keys, values) -> None:
+        """Room for `span` columns; `keys`/`values` (new ones, [*, H, n, *]) give the
+        trailing widths and dtypes of the buffers to make."""
+        if self.keys is not None and self.capacity >= span:
             return
         new_cap = ((span + STEP - 1) // STEP) * STEP
         if self.keys is None:
-            self.keys = mx.zeros((B, H, new_cap, D), kdtype)
-            self.values = mx.zeros((B, H, new_cap, Dv), vdtype)
+            zeros = lambda n: mx.zeros((B, H, new_cap, n.shape[-1]), n.dtype)  # noqa: E731
+            self.keys, self.values = map_buffer(keys, zeros), map_buffer(values, zeros)
             return
-        grow = new_cap - self.keys.shape[2]
-        self.keys = mx.concatenate([self.keys, mx.zeros((B, H, grow, D), kdtype)], axis=2)
-        self.values = mx.concatenate([self.values, mx.zeros((B, H, grow, Dv), vdtype)], axis=2)
+        self.fit(new_cap)
 
     def fit(self, capacity: int) -> None:
         """Pad the sequence axis to `capacity` (so two caches can be joined)."""
-        if self.keys is None or self.keys.shape[2] >= capacity:
+        if self.keys is None or self.capacity >= capacity:
             return
-        B, H, C, D = self.keys.shape
-        Dv = self.values.shape[-1]
-        self.keys = mx.concatenate([self.keys, mx.zeros((B, H, capacity - C, D), self.keys.dtype)], 2)
-        self.values = mx.concatenate(
-            [self.values, mx.zeros((B, H, capacity - C, Dv), self.values.dtype)], 2
-        )
+        grow = capacity - self.capacity
+        pad = lambda a: mx.concatenate([a, mx.zeros((*a.shape[:2], grow, a.shape[3]), a.dtype)], 2)  # noqa: E731
+        self.keys = map_buffer(self.keys, pad)
+        self.values = map_buffer(self.values, pad)
+
+    def buffers(self) -> list[mx.array]:
+        return [a for b in (self.keys, self.values) if b is not None for a in _parts(b)]
 
 
 class SlidingLayerCache(LayerCache):
     """A sliding-window attention layer: full buffers, windowed reads (module docstring)."""
 
-    def __init__(self, window: int) -> None:
-        super().__init__()
+    def __init__(self, window: int, fmt: KVFormat | None = None) -> None:
+        super().__init__(fmt)
         self.window = window
 
     def _slices(self, window: int) -> bool:
@@ -302,15 +338,15 @@ class ListLayerCache:
         return self.caches[i]
 
 
-def _build(kind: LayerKind):
+def _build(kind: LayerKind, fmt: KVFormat | None = None):
     if kind.kind == FULL:
-        return LayerCache()
+        return LayerCache(fmt)
     if kind.kind == SLIDING:
-        return SlidingLayerCache(int(kind.window))
+        return SlidingLayerCache(int(kind.window), fmt)
     if kind.kind == RECURRENT:
         return RecurrentLayerCache(kind.size)
     if kind.kind == LIST:
-        return ListLayerCache([_build(k) for k in kind.children])
+        return ListLayerCache([_build(k, fmt) for k in kind.children])
     raise ValueError(f"unknown layer kind {kind.kind!r}")
 
 
@@ -340,11 +376,12 @@ class RowKVCache:
     `layout`: the model's LayerKinds (engine/cache_layout.py), or a layer count for a
     model of full-attention layers only."""
 
-    def __init__(self, layout: list[LayerKind] | int) -> None:
+    def __init__(self, layout: list[LayerKind] | int, fmt: KVFormat | None = None) -> None:
         if isinstance(layout, int):
             layout = [LayerKind(FULL)] * layout
         self.layout = list(layout)
-        self.layers = [_build(k) for k in self.layout]
+        self.fmt = fmt
+        self.layers = [_build(k, fmt) for k in self.layout]
         self.leaves = _leaves(self.layers)
         self.attention: list[LayerCache] = [l for l in self.leaves if isinstance(l, LayerCache)]
         self.recurrent: list[RecurrentLayerCache] = [l for l in self.leaves if isinstance(l, RecurrentLayerCache)]
@@ -399,13 +436,14 @@ class RowKVCache:
                 continue
             if mine.keys is None:  # never written: this group's rows had no tokens here
                 theirs.fit(1)
-                mine.keys = mx.zeros((self.size, *theirs.keys.shape[1:]), theirs.keys.dtype)
-                mine.values = mx.zeros((self.size, *theirs.values.shape[1:]), theirs.values.dtype)
+                zeros = lambda a: mx.zeros((self.size, *a.shape[1:]), a.dtype)  # noqa: E731
+                mine.keys, mine.values = map_buffer(theirs.keys, zeros), map_buffer(theirs.values, zeros)
             cap = max(mine.capacity, theirs.capacity)
             mine.fit(cap)
             theirs.fit(cap)
-            mine.keys = mx.concatenate([mine.keys, theirs.keys], axis=0)
-            mine.values = mx.concatenate([mine.values, theirs.values], axis=0)
+            join = lambda a, b: mx.concatenate([a, b], axis=0)  # noqa: E731
+            mine.keys = _each2(mine.keys, theirs.keys, join)
+            mine.values = _each2(mine.values, theirs.values, join)
         for mine, theirs in zip(self.recurrent, other.recurrent):
             for i, (a, b) in enumerate(zip(mine.cache, theirs.cache)):
                 if a is None and b is None:
@@ -430,14 +468,14 @@ class RowKVCache:
             return
         idx = mx.array(keep, dtype=mx.int32)
         for layer in self.attention:
-            layer.keys = _take(layer.keys, idx)
-            layer.values = _take(layer.values, idx)
+            layer.keys = map_buffer(layer.keys, lambda a: a[idx])
+            layer.values = map_buffer(layer.values, lambda a: a[idx])
         for layer in self.recurrent:
             layer.cache = [_take(a, idx) for a in layer.cache]
         mx.eval(self.arrays())
 
     def arrays(self) -> list[mx.array]:
-        out = [a for l in self.attention for a in (l.keys, l.values) if a is not None]
+        out = [a for l in self.attention for a in l.buffers()]
         return out + [a for l in self.recurrent for a in l.cache if a is not None]
 
     # --- recurrent state: checkpoints around a verifying round ---------------------------
@@ -472,11 +510,14 @@ class RowKVCache:
     def segment_packing(self) -> str | None:
         """How one row's full-attention KV packs into one array: "pair" ([L, 2, H, n, D]),
         "concat" (keys and values of different widths, MLA: [L, 1, H, n, Dk + Dv]),
-        "none" (no full-attention layers), or None when the layers' shapes differ (no
+        "bytes" (quantized layers, engine/kv_format.py: [L, 1, H, n, bytes] of raw
+        words, scales and biases), "none" (no full-attention layers), or None when the layers' shapes differ (no
         single array holds them; the prefix cache is off for such models). Sliding
         layers are not in segments (see `windowed`)."""
         if not self.stored:
             return "none"
+        if self.fmt is not None:
+            return self._byte_packing()
         shapes = {(l.keys.shape[1], l.keys.shape[3], l.values.shape[3], l.keys.dtype)
                   for l in self.stored if l.keys is not None}
         if len(shapes) != 1 or any(l.keys is None for l in self.stored):
@@ -489,7 +530,9 @@ class RowKVCache:
         packing = self.segment_packing()
         if packing == "none":
             return mx.zeros((0, 1, 1, end - start, 1), mx.float32)
-        if packing == "pair":
+        if packing == "bytes":
+            kv = mx.stack([self._layer_bytes(l, index, start, end) for l in self.stored])[:, None]
+        elif packing == "pair":
             kv = mx.stack([mx.stack([l.keys[index, :, start:end, :], l.values[index, :, start:end, :]])
                            for l in self.stored])
         elif packing == "concat":
@@ -499,6 +542,36 @@ class RowKVCache:
             raise ValueError("attention layers of different shapes cannot be packed into one segment")
         mx.eval(kv)
         return kv
+
+    # Quantized layers pack into one uint8 array: each row's words, scales and biases
+    # (keys, then values) side by side as raw bytes, [L, 1, H, n, bytes per head].
+    def _byte_packing(self) -> str | None:
+        if any(l.keys is None for l in self.stored):
+            return None
+        widths = {(_parts(l.keys)[0].shape[1], self._row_bytes(l)) for l in self.stored}
+        return "bytes" if len(widths) == 1 else None
+
+    @staticmethod
+    def _row_bytes(layer: LayerCache) -> int:
+        return sum(a.shape[-1] * a.dtype.size for a in layer.buffers())
+
+    @staticmethod
+    def _layer_bytes(layer: LayerCache, index: int, start: int, end: int) -> mx.array:
+        return mx.concatenate([mx.view(mx.contiguous(a[index, :, start:end, :]), mx.uint8)
+                               for a in layer.buffers()], axis=-1)
+
+    def _from_bytes(self, layer: int, parts: list[mx.array]) -> tuple[tuple, tuple]:
+        """Keys and values (quantized triples) of stored layer `layer` from its byte
+        segments [1, H, n, bytes]; `part_specs` (ModelRunner's probe) gives each
+        array's width and dtype."""
+        raw = mx.concatenate([p[0] for p in parts], axis=1) if len(parts) > 1 else parts[0][0]
+        arrays, at = [], 0
+        for width, dtype in self.part_specs[layer]:
+            n = width * dtype.size
+            arrays.append(mx.view(mx.contiguous(raw[..., at : at + n]), dtype))
+            at += n
+        half = len(arrays) // 2
+        return tuple(arrays[:half]), tuple(arrays[half:])
 
     def install_segments(self, pieces: list[mx.array], length: int, capacity: int) -> None:
         """Fill this single-row cache with `pieces` (segments covering [0, length))
@@ -510,6 +583,11 @@ class RowKVCache:
             parts = [p[l] for p in pieces]  # each [2 or 1, H, n, D']
             first = parts[0]
             H = first.shape[1]
+            if first.dtype == mx.uint8 and self.fmt is not None:
+                keys, values = self._from_bytes(l, parts)
+                grow = lambda x: mx.pad(x[None], [(0, 0), (0, 0), (0, pad), (0, 0)])  # noqa: E731
+                layer.keys, layer.values = map_buffer(keys, grow), map_buffer(values, grow)
+                continue
             if first.shape[0] == 2:
                 keys = [p[0] for p in parts]
                 values = [p[1] for p in parts]
@@ -541,8 +619,10 @@ class RowKVCache:
         for i, layer in enumerate(self.windowed):
             if layer.keys is not None:
                 lo = max(0, end - layer.window)
-                out[f"w{i}.k"] = mx.contiguous(layer.keys[index : index + 1, :, lo:end, :])
-                out[f"w{i}.v"] = mx.contiguous(layer.values[index : index + 1, :, lo:end, :])
+                for name, buf in (("k", layer.keys), ("v", layer.values)):
+                    for c, a in enumerate(_parts(buf)):  # quantized: "w<i>.k0" .. "w<i>.k2"
+                        key = f"w{i}.{name}{c}" if isinstance(buf, tuple) else f"w{i}.{name}"
+                        out[key] = mx.contiguous(a[index : index + 1, :, lo:end, :])
         mx.eval(list(out.values()))
         return out
 
@@ -556,12 +636,17 @@ class RowKVCache:
             layer.cache = [states.get(f"{i}.{e}") for e in range(len(layer.cache))]
         end = self.ends[0] if self.ends else 0
         for i, layer in enumerate(self.windowed):
-            k, v = states.get(f"w{i}.k"), states.get(f"w{i}.v")
+            if layer.fmt is None:
+                k, v = states.get(f"w{i}.k"), states.get(f"w{i}.v")
+            else:
+                k, v = (tuple(states.get(f"w{i}.{name}{c}") for c in range(3)) for name in "kv")
+                if any(a is None for a in k + v):
+                    k = v = None
             if k is None or v is None:
                 raise ValueError(f"the snapshot has no window for sliding layer {i}")
-            n = k.shape[2]
+            n = _parts(k)[0].shape[2]
             if n != min(end, layer.window):
                 raise ValueError(f"sliding layer {i}: a window of {n} tokens for a prefix of {end}")
             cap = max(capacity or 0, end + 1)
-            layer.keys = mx.pad(k, [(0, 0), (0, 0), (end - n, cap - end), (0, 0)])
-            layer.values = mx.pad(v, [(0, 0), (0, 0), (end - n, cap - end), (0, 0)])
+            place = lambda a: mx.pad(a, [(0, 0), (0, 0), (end - n, cap - end), (0, 0)])  # noqa: E731
+            layer.keys, layer.values = map_buffer(k, place), map_buffer(v, place)

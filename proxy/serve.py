@@ -59,6 +59,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="RAM budget of the prefix cache (default: 2)")
     parser.add_argument("--prefix-cache-ssd-gb", type=float, default=16.0, metavar="GB",
                         help="disk cap of the SSD tier (default: 16)")
+    parser.add_argument("--kv-bits", type=int, default=None, choices=(2, 3, 4, 5, 6, 8),
+                        help="store attention keys and values quantized to this many bits (8 or 4 as in "
+                             "mlx-lm's --kv-bits; recurrent state stays as it is); default: full precision")
+    parser.add_argument("--kv-value-bits", type=int, default=None, choices=(2, 3, 4, 5, 6, 8),
+                        help="bits of the values when they differ from the keys' (e.g. --kv-bits 8 "
+                             "--kv-value-bits 4)")
+    parser.add_argument("--kv-group-size", type=int, default=64, choices=(32, 64, 128),
+                        help="elements sharing one scale and bias in the quantized KV cache (default: 64)")
     parser.add_argument("--script", default=None, metavar="FILE",
                         help="forced-continuation replay: each request is answered with the next turn of FILE "
                              "(JSONL: {\"reasoning\", \"text\", \"tool_calls\"} per line), appended through the "
@@ -182,12 +190,16 @@ def run(args: argparse.Namespace) -> int:
 
     from jumpahead.engine.methods import parse_methods
 
+    from jumpahead.engine.kv_format import parse_kv_format
+
     try:
         methods = parse_methods(args.methods)
+        kv_format = parse_kv_format(args.kv_bits, args.kv_value_bits, args.kv_group_size)
     except ValueError as exc:
         print(f"jumpahead: {exc}", file=sys.stderr)
         return 2
     config = EngineConfig(
+        kv_format=kv_format,
         max_batch=args.max_batch,
         max_proposal=args.max_proposal,
         cost_aware=not args.no_cost_aware,

@@ -28,13 +28,16 @@ def reference_logits(model, tokens: list[int]) -> mx.array:
     return out
 
 
-def assert_same_or_near_tie(model, prompt: list[int], got: list[int], want: list[int], tol: float = NEAR_TIE) -> str:
-    """Pass if equal; else prove the first divergence is a near-tie. Returns a note."""
+def assert_same_or_near_tie(model, prompt: list[int], got: list[int], want: list[int], tol: float = NEAR_TIE,
+                            logits_fn=None) -> str:
+    """Pass if equal; else prove the first divergence is a near-tie. Returns a note.
+    `logits_fn(tokens)` replaces the plain forward as the reference (e.g. a forward
+    over the same quantized KV cache)."""
     i = first_difference(got, want)
     if i is None:
         return "identical"
     assert i < len(got) and i < len(want), f"lengths differ without a token difference: {len(got)} vs {len(want)}"
-    logits = reference_logits(model, prompt + want[:i])
+    logits = (logits_fn or (lambda t: reference_logits(model, t)))(prompt + want[:i])
     a, b = float(logits[got[i]]), float(logits[want[i]])
     top2 = mx.argsort(-logits)[:2].tolist()
     assert abs(a - b) <= tol and {got[i], want[i]} == set(top2), (
