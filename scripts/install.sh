@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# --test: also what only the tests need from the system (headless Chromium)
+WITH_TESTS=0; [ "${1:-}" = --test ] && WITH_TESTS=1
 
 if [ "$(uname -s)" = Linux ]; then
   # The OpenBLAS wheel (cmeel-openblas) that makes MLX's CPU build fast needs
@@ -17,8 +19,8 @@ if [ "$(uname -s)" = Linux ]; then
     fi
   fi
   # The dashboard's browser test (tests/test_dashboard.py) drives Debian's headless
-  # Chromium; it skips where neither is installed.
-  if ! command -v chromedriver >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  # Chromium; it skips where neither is installed. Only with --test: serving needs neither.
+  if [ "$WITH_TESTS" = 1 ] && ! command -v chromedriver >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
     echo "installing chromium and chromium-driver (the dashboard's browser test)"
     { $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } ||
