@@ -207,7 +207,7 @@ def _chromium() -> tuple[str, str]:
     driver = shutil.which("chromedriver")
     if browser is None or driver is None:
         pytest.skip("no chromium / chromedriver installed: the browser tests need Debian's chromium and "
-                    "chromium-driver (scripts/install.sh installs them with apt on Linux)")
+                    "chromium-driver (scripts/install.sh --test installs them with apt on Linux)")
     return browser, driver
 
 
