@@ -306,3 +306,35 @@ def test_bad_formats_are_refused_clearly(tokenizer_dir, tmp_path):
     out = subprocess.run([sys.executable, "-m", "jumpahead.proxy.cli", "serve", "--kv-bits", "7"],
                          capture_output=True, text=True, cwd=str(REPO), env=env, timeout=120)
     assert out.returncode == 2 and "--kv-bits" in out.stderr
+
+
+@pytest.mark.parametrize("bits", [(8, 8), (4, 4), (8, 4)])
+@pytest.mark.parametrize("L", [1, 5, 300])
+def test_both_attention_paths_agree_with_mlx_lm(monkeypatch, bits, L):
+    """The CPU path (dequantize, then the float attention) and the GPU path
+    (quantized_matmul on the packed words) against each other and, where mlx-lm can
+    (one width for keys and values, no sinks), against mlx-lm's quantized attention;
+    with a causal mask, a boolean per-row mask, and attention sinks."""
+    from mlx_lm.models.base import quantized_scaled_dot_product_attention
+
+    from jumpahead.engine import attention as att
+
+    fmt = KVFormat(*bits)
+    mx.random.seed(L)
+    B, Hq, Hkv, S, D = 2, 6, 2, 320, 64
+    q = mx.random.normal((B, Hq, L, D))
+    k, v = fmt.quantize(mx.random.normal((B, Hkv, S, D)), fmt.key_bits), fmt.quantize(mx.random.normal((B, Hkv, S, D)), fmt.value_bits)
+    rows = mx.arange(S)[None, None, None, :] < mx.array([S - 7, S])[:, None, None, None]  # row 0 sees fewer keys
+    rows = mx.broadcast_to(rows, (B, 1, L, S))  # the engine's per-row masks are [B, 1, L, S]
+    masks = {"causal": "causal", "rows": rows} if L > 1 else {"none": None, "rows": rows}
+    sinks = mx.random.normal((Hq,))
+    for name, mask in masks.items():
+        for s in (None, sinks):
+            monkeypatch.setattr(att, "QUANTIZED_MATMUL_ON_CPU", False)
+            cpu = att.quantized_attention(q, k, v, 0.125, mask, s, fmt)
+            monkeypatch.setattr(att, "QUANTIZED_MATMUL_ON_CPU", True)
+            gpu = att.quantized_attention(q, k, v, 0.125, mask, s, fmt)
+            assert float(mx.abs(cpu - gpu).max()) < 1e-4, (name, s is not None)
+            if s is None and fmt.key_bits == fmt.value_bits:
+                ref = quantized_scaled_dot_product_attention(q, k, v, 0.125, mask, fmt.group_size, fmt.key_bits)
+                assert float(mx.abs(cpu - ref).max()) < 1e-4, name
