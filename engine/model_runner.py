@@ -87,7 +87,8 @@ class ModelRunner:
         out = summary(self.layout)
         out.update({"model_type": self.model_type, "split_head": self.split, "ragged": self.ragged,
                     "verifies": self.trimmable,
-                    "kv_cache": self.kv_format.describe() if self.kv_format else {"format": "full"}})
+                    "kv_cache": {**(self.kv_format.describe() if self.kv_format else {"format": "full"}),
+                                 "bytes_per_token": self.kv_bytes_per_token}})
         return out
 
     def _probe(self) -> None:
@@ -100,6 +101,9 @@ class ModelRunner:
         full = self.model(tokens, cache=cache.layers)
         mx.eval(full)
         self.key_widths = [l.buffers()[0].shape[-1] if l.keys is not None else 0 for l in cache.attention]
+        # one row's KV bytes per cached token, every attention layer (/health)
+        self.kv_bytes_per_token = sum(a.shape[1] * a.shape[-1] * a.dtype.size for l in cache.attention
+                                      for a in l.buffers())
         # each stored layer's arrays (width, dtype): how byte-packed segments unpack
         self.part_specs = [[(a.shape[-1], a.dtype) for a in l.buffers()] for l in cache.stored]
         # how the prefix cache packs a row's attention KV (None: it cannot; see RowKVCache)

@@ -338,3 +338,40 @@ def test_both_attention_paths_agree_with_mlx_lm(monkeypatch, bits, L):
             if s is None and fmt.key_bits == fmt.value_bits:
                 ref = quantized_scaled_dot_product_attention(q, k, v, 0.125, mask, fmt.group_size, fmt.key_bits)
                 assert float(mx.abs(cpu - ref).max()) < 1e-4, name
+
+
+def test_serve_kv_bits_over_http(tokenizer_dir, tmp_path):
+    """`jumpahead serve --kv-bits 8 --kv-value-bits 4` on a hybrid model: /health names
+    the format and its bytes per token, a tool call through the openai SDK and a second
+    turn that hits the quantized prompt cache."""
+    import httpx
+    import openai
+
+    from tests.serving import start_serve
+
+    folder = build("qwen3_next", tmp_path, tokenizer_dir, size="kv")
+    server = start_serve(["--model", str(folder), "--kv-bits", "8", "--kv-value-bits", "4"], tmp_path)
+    try:
+        server.wait_healthy(600)
+        health = httpx.get(f"{server.url}/health", timeout=30).json()
+        kv = health["layers"]["kv_cache"]
+        assert kv["format"] == "k8v4-g64" and kv["key_bits"] == 8 and kv["value_bits"] == 4
+        # 2 attention layers, 2 KV heads of 64: K 64+8 and V 32+8 bytes per head and token
+        assert kv["bytes_per_token"] == 2 * 2 * (64 + 2 * 4 + 32 + 2 * 4), kv
+        chat = openai.OpenAI(base_url=f"{server.url}/v1", api_key="dummy", max_retries=0, timeout=300)
+        # an enum keeps a random-weight model's arguments short (the grammar closes them)
+        tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["unit"]}}}
+        messages = [{"role": "user", "content": "What is the weather in Paris? " * 20}]
+        forced = {"type": "function", "function": {"name": "get_weather"}}
+        r = chat.chat.completions.create(model="local", messages=messages, tools=[tool], tool_choice=forced,
+                                         max_tokens=60, temperature=0)
+        call = r.choices[0].message.tool_calls[0]
+        assert call.function.name == "get_weather"
+        assert json.loads(call.function.arguments)["unit"] in ("celsius", "fahrenheit")
+        messages += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                     {"role": "tool", "tool_call_id": call.id, "content": "18 degrees, sunny"}]
+        r2 = chat.chat.completions.create(model="local", messages=messages, tools=[tool], max_tokens=8, temperature=0)
+        assert r2.usage.prompt_tokens_details.cached_tokens >= r.usage.prompt_tokens // 2, r2.usage
+    finally:
+        server.stop()
