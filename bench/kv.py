@@ -8,9 +8,9 @@ compared with full precision's (agreement) and the largest logit difference take
 Every position attends to all earlier ones through the cache, so the late positions
 measure the long-context error.
 
-Memory, measured on the buffers: bytes per cached token of one row (every attention
-layer's arrays over the cache capacity), and how many tokens of context (or rows of
-that context) fit a fixed budget.
+Memory: bytes per cached token of one row (ModelRunner.kv_bytes_per_token, read off
+the attention layers' buffers; the tests check it against the live buffers), and how
+many tokens of context (or rows of that context) fit a fixed budget.
 
 Speed is `jumpahead bench decode --contexts 2048,8000 --kv-bits B` (bench/context.py).
 """
@@ -22,11 +22,6 @@ from typing import Any, Callable
 
 CHUNK = 256  # prefill chunk: logits of [CHUNK, vocab] per arm at a time
 BUDGET = 1 << 30  # the fixed budget of the "fits" figures
-
-
-def _arm_bytes_per_token(cache: Any) -> float:
-    cap = max(l.capacity for l in cache.attention)
-    return sum(a.nbytes for l in cache.attention for a in l.buffers()) / cap
 
 
 def run(model_name: str | None, contexts: list[int], formats: list[str],
@@ -76,9 +71,9 @@ def run(model_name: str | None, contexts: list[int], formats: list[str],
             positions += len(chunk)
             progress(f"context {c}: {positions}/{c} positions ({time.perf_counter() - t0:.0f} s)")
         row: dict[str, Any] = {"prompt": source, "positions": positions, "formats": {}}
-        full_bytes = _arm_bytes_per_token(caches["full"])
+        full_bytes = runners["full"].kv_bytes_per_token
         for name in arms:
-            per_token = _arm_bytes_per_token(caches[name])
+            per_token = runners[name].kv_bytes_per_token
             entry: dict[str, Any] = {
                 "bytes_per_token": round(per_token), "bytes_per_1k_tokens_mb": round(per_token * 1000 / 2**20, 2),
                 "compression_vs_full": round(full_bytes / per_token, 2),

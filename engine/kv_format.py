@@ -59,13 +59,3 @@ def parse_kv_format(bits: int | None, value_bits: int | None = None, group_size:
         raise ValueError("--kv-value-bits needs --kv-bits (the key bits)")
     return KVFormat(int(bits), int(value_bits if value_bits is not None else bits), int(group_size))
 
-
-def bytes_per_token(fmt: KVFormat | None, heads: int, key_dim: int, value_dim: int, dtype_bytes: int) -> int:
-    """One attention layer's bytes per cached token."""
-    if fmt is None:
-        return heads * (key_dim + value_dim) * dtype_bytes
-
-    def part(dim: int, bits: int) -> int:
-        return dim * bits // 8 + 2 * (dim // fmt.group_size) * dtype_bytes
-
-    return heads * (part(key_dim, fmt.key_bits) + part(value_dim, fmt.value_bits))

@@ -138,25 +138,25 @@ def plan_forward(
     return ForwardPlan(list(starts), width, offset, mask, uniform, span, index, list(lengths) if lengths else None)
 
 
-def _parts(x: "Buffer") -> tuple[mx.array, ...]:
+# A layer's keys (or values): one array [B, H, capacity, D], or, quantized
+# (engine/kv_format.py), the triple (words [B, H, capacity, D*bits/32], scales and
+# biases [B, H, capacity, D/group]). Every group operation acts on each array alike.
+Buffer = mx.array | tuple[mx.array, mx.array, mx.array] | None
+
+
+def _parts(x: Buffer) -> tuple[mx.array, ...]:
     return x if isinstance(x, tuple) else (x,)
 
 
-def map_buffer(x: "Buffer", fn) -> "Buffer":
+def map_buffer(x: Buffer, fn) -> Buffer:
     """fn applied to a buffer's arrays (one, or a quantized triple)."""
     if x is None:
         return None
     return tuple(fn(a) for a in x) if isinstance(x, tuple) else fn(x)
 
 
-def _each2(x: "Buffer", y: "Buffer", fn) -> "Buffer":
+def _each2(x: Buffer, y: Buffer, fn) -> Buffer:
     return tuple(fn(a, b) for a, b in zip(x, y)) if isinstance(x, tuple) else fn(x, y)
-
-
-# A layer's keys (or values): one array [B, H, capacity, D], or, quantized
-# (engine/kv_format.py), the triple (words [B, H, capacity, D*bits/32], scales and
-# biases [B, H, capacity, D/group]). Every group operation acts on each array alike.
-Buffer = "mx.array | tuple[mx.array, mx.array, mx.array] | None"
 
 
 class LayerCache:
@@ -583,7 +583,7 @@ class RowKVCache:
             parts = [p[l] for p in pieces]  # each [2 or 1, H, n, D']
             first = parts[0]
             H = first.shape[1]
-            if first.dtype == mx.uint8 and self.fmt is not None:
+            if self.fmt is not None:  # "bytes" packing
                 keys, values = self._from_bytes(l, parts)
                 grow = lambda x: mx.pad(x[None], [(0, 0), (0, 0), (0, pad), (0, 0)])  # noqa: E731
                 layer.keys, layer.values = map_buffer(keys, grow), map_buffer(values, grow)

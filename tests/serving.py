@@ -5,6 +5,7 @@ subprocesses, script-mode engines. The servers themselves are jumpahead.bench.se
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -37,6 +38,17 @@ def serve(engine: Any, **app_kwargs: Any) -> Iterator[str]:
 
     with serve_app(create_app(engine, **app_kwargs), timeout=30, name="uvicorn-test") as url:
         yield url
+
+
+def sse_events(response: Any) -> list[tuple[str, dict]]:
+    """(event name, data) of each server-sent event of a streamed httpx response."""
+    events, name = [], None
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            name = line.removeprefix("event: ")
+        elif line.startswith("data: "):
+            events.append((name, json.loads(line.removeprefix("data: "))))
+    return events
 
 
 def start_serve(args: list[str], cwd: Path) -> ServerProcess:

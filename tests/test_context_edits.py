@@ -30,7 +30,8 @@ from jumpahead.proxy.script import Script, ScriptTurn
 from jumpahead.proxy.signing import Signer
 
 from .conftest import shared_path
-from .serving import script_engine, serve
+from .policy_sessions import common_prefix
+from .serving import script_engine, serve, sse_events
 
 anthropic = pytest.importorskip("anthropic")
 
@@ -42,16 +43,6 @@ CLEAR_THINKING = "clear_thinking_20251015"
 def claude_code_body() -> dict[str, Any]:
     path = shared_path("fixtures", "clients", "claude-code", "002_POST_v1_messages.json")
     return json.loads(path.read_text())["body"]
-
-
-def sse_events(response: httpx.Response) -> list[tuple[str, dict]]:
-    events, name = [], None
-    for line in response.iter_lines():
-        if line.startswith("event: "):
-            name = line.removeprefix("event: ")
-        elif line.startswith("data: "):
-            events.append((name, json.loads(line.removeprefix("data: "))))
-    return events
 
 
 @pytest.fixture(scope="module")
@@ -184,15 +175,6 @@ def long_session(pairs: int, result_lines: int = 8) -> list[dict[str, Any]]:
         messages.append({"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": f"toolu_{k:02d}", "content": f"def mod{k}():\n{lines}"}]})
     return messages
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def test_clear_tool_uses_is_sticky_and_the_prefix_cache_keeps_hitting(engine, tmp_path) -> None:

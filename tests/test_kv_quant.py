@@ -33,7 +33,8 @@ import mlx.core as mx
 import pytest
 
 from jumpahead.bench.family_models import build
-from jumpahead.engine.kv_format import KVFormat, bytes_per_token, parse_kv_format
+from jumpahead.engine.kv_format import KVFormat, parse_kv_format
+from jumpahead.engine.model_runner import ModelRunner
 from jumpahead.engine.types import GenerationRequest
 from tests.oracle import assert_same_or_near_tie
 from tests.test_families import N, TEXTS, ScriptedVerified, _collect, tokens_of
@@ -134,8 +135,7 @@ def test_greedy_equals_mlx_lm_quantized_cache(quantized, fam, fmt):
     got = ordinary(f, 2)
     want = mlx_lm_quantized_greedy(f["model"], f["prompts"][2], len(got), f["format"])
     check(f, 2, got, want)
-    # and the quantization is really there: full precision decodes something else or
-    # the same, but the cache holds the quantized triples (words, scales, biases)
+    # and the cache really holds the quantized triples (words, scales, biases)
     cache = f["engine"].runner.new_cache()
     cache.ends = [0]
     f["engine"].runner.forward([f["prompts"][2]], cache)
@@ -234,8 +234,8 @@ def test_prefix_cache_second_turn_in_ram_and_from_ssd(quantized, fam, tmp_path):
         if eng.runner.packing == "bytes" and not eng.runner.snapshots:  # stored quantized, no state beside
             stats = eng.metrics()["prefix_cache"]
             per_token = stats["ram_bytes"] / stats["published_tokens"]
-            full = sum(bytes_per_token(None, l.buffers()[0].shape[1], *_dims(l), 4) for l in _stored(eng))
-            assert per_token <= full / 2.5, (per_token, full)
+            full = ModelRunner(f["model"]).kv_bytes_per_token  # the same layers at full precision
+            assert per_token == eng.runner.kv_bytes_per_token and per_token <= full / 2.5, (per_token, full)
         pc.flush(timeout=60)
     finally:
         eng.close()
@@ -250,40 +250,21 @@ def test_prefix_cache_second_turn_in_ram_and_from_ssd(quantized, fam, tmp_path):
     assert_same_or_near_tie(f["model"], second, warm["tokens"], cold, tol=tie(fmt), logits_fn=one_forward(f))
 
 
-def _stored(eng):
-    cache = eng.runner.new_cache()
-    cache.ends = [0]
-    eng.runner.forward([[1, 2, 3]], cache)
-    return cache.stored
-
-
-def _dims(layer) -> tuple[int, int]:
-    fmt = layer.fmt
-    k, v = layer.keys[0].shape[-1] * 32 // fmt.key_bits, layer.values[0].shape[-1] * 32 // fmt.value_bits
-    return k, v
-
-
 @pytest.mark.slow
 def test_bytes_per_token_kv4_at_least_3x_smaller(quantized):
-    """The live cache's bytes per token (measured on its buffers) on the default model:
-    K8/V8 and K4/V4 against full precision; KV4 at least 3x smaller."""
-    from jumpahead.engine.engine import Engine, EngineConfig
-
+    """On the default model: the bytes per token /health reports (ModelRunner's) equal
+    the live cache's buffers over their capacity, and K4/V4 is at least 3x smaller than
+    full precision, K8/V8 at least 1.8x."""
     f = quantized("default", "k4v4")
     measured = {}
     for name, fmt in (("full", None), ("k8v8", KVFormat(8, 8)), ("k4v4", KVFormat(4, 4))):
-        runner = f["engine"].runner if fmt == f["format"] else Engine(
-            f["model"], f["tokenizer"], f["info"], EngineConfig(prefix_cache=False, kv_format=fmt, warm_up=False)
-        )
-        eng_runner = runner if not isinstance(runner, Engine) else runner.runner
-        cache = eng_runner.new_cache()
+        runner = ModelRunner(f["model"], fmt)
+        cache = runner.new_cache()
         cache.ends = [0]
-        eng_runner.forward([f["prompts"][0]], cache)
+        runner.forward([f["prompts"][0]], cache)
         mx.eval(cache.arrays())
-        cap = cache.attention[0].capacity
-        measured[name] = sum(a.nbytes for a in cache.arrays()) / cap
-        if isinstance(runner, Engine):
-            runner.close()
+        measured[name] = sum(a.nbytes for a in cache.arrays()) / cache.attention[0].capacity
+        assert measured[name] == runner.kv_bytes_per_token, (name, measured[name], runner.kv_bytes_per_token)
     assert measured["full"] / measured["k4v4"] >= 3.0, measured
     assert measured["full"] / measured["k8v8"] >= 1.8, measured
 

@@ -24,7 +24,7 @@ from jumpahead.engine.types import TokenChunk
 from jumpahead.proxy.script import Script, ScriptedCall, ScriptTurn
 
 from .conftest import SHARED
-from .serving import script_engine, serve
+from .serving import script_engine, serve, sse_events
 
 anthropic = pytest.importorskip("anthropic")
 openai = pytest.importorskip("openai")
@@ -368,16 +368,6 @@ class FaultyEngine:
         yield TokenChunk([], [], "", finish_reason="error", error="injected engine fault")
 
 
-def _sse_events(response: httpx.Response) -> list[tuple[str, dict]]:
-    events, name = [], None
-    for line in response.iter_lines():
-        if line.startswith("event: "):
-            name = line.removeprefix("event: ")
-        elif line.startswith("data: "):
-            events.append((name, json.loads(line.removeprefix("data: "))))
-    return events
-
-
 @pytest.mark.parametrize("mode", ["raise", "error"])
 def test_engine_fault_mid_stream_ends_with_terminal_event(engine, mode):
     turns = [ScriptTurn(text="Hello there, this is a longer answer.")] * 4 + [ScriptTurn(text="fine")] * 2
@@ -385,7 +375,7 @@ def test_engine_fault_mid_stream_ends_with_terminal_event(engine, mode):
         body = {"model": "m", "max_tokens": 50, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
         with httpx.stream("POST", f"{url}/v1/messages", json=body, timeout=120) as r:
             assert r.status_code == 200
-            events = _sse_events(r)
+            events = sse_events(r)
         names = [n for n, _ in events]
         assert names[0] == "message_start" and names[-2:] == ["error", "message_stop"]
         assert "injected engine fault" in events[-2][1]["error"]["message"]
@@ -396,7 +386,7 @@ def test_engine_fault_mid_stream_ends_with_terminal_event(engine, mode):
 
         body = {"model": "m", "input": "hi", "stream": True}
         with httpx.stream("POST", f"{url}/v1/responses", json=body, timeout=120) as r:
-            events = _sse_events(r)
+            events = sse_events(r)
         assert events[0][0] == "response.created" and events[-1][0] == "response.failed"
         assert "injected engine fault" in events[-1][1]["response"]["error"]["message"]
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="dummy", max_retries=0, timeout=60)
