@@ -17,6 +17,7 @@ import mlx.core as mx
 from .blas import blas_info
 from .logprobs import MAX_TOP_LOGPROBS
 from .kv_format import KVFormat
+from . import methods
 from .methods import describe as describe_methods
 from .memory import RowRegistry, engine_memory, return_freed_memory_to_os
 from .model_runner import ModelRunner
@@ -193,10 +194,8 @@ class Engine:
                 f"{self.context_length} tokens"
             )
         for name in req.methods:
-            if name not in ("echo", "ngram", "draft", "strict", "none", "off"):
-                raise EngineError(f"unknown proposal method {name!r} (known: echo, ngram, draft, strict)")
-            if name == "draft" and self.draft is None:
-                raise EngineError("method 'draft' needs a draft model (serve --draft-model)")
+            if name not in methods.OFF:
+                self._method(name)
         if req.max_tokens < 1:
             raise EngineError("max_tokens must be at least 1")
         if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
@@ -240,20 +239,26 @@ class Engine:
         """Each token id's bytes (special tokens as their text): logprobs' `bytes`."""
         return self.strict.book.token_bytes
 
-    def _proposers(self, req: GenerationRequest) -> list:
-        from .echo import EchoProposer, NgramProposer
+    def _method(self, name: str) -> methods.Method:
+        """The registered method `name` (engine/methods.py), if this engine can run it."""
+        method = methods.get(name)
+        if method is None:
+            raise EngineError(methods.unknown_message(name))
+        reason = method.needs(self) if method.needs is not None else None
+        if reason:
+            raise EngineError(reason)
+        return method
 
-        known = {"echo": EchoProposer, "ngram": NgramProposer}
+    def _proposers(self, req: GenerationRequest) -> list:
+        """The request's proposers: its ready-made ones, then one per named method
+        (strict fill's come from engine/strict.py, in _make_row)."""
         out = []
         for name in req.methods or self.config.default_methods:
-            if name == "draft":
-                if self.draft is None:
-                    raise EngineError("method 'draft' needs a draft model (serve --draft-model)")
-                out.append(self.draft.proposer())
-            elif name in known:
-                out.append(known[name]())
-            elif name not in ("strict", "none", "off"):
-                raise EngineError(f"unknown proposal method {name!r} (known: echo, ngram, draft, strict)")
+            if name in methods.OFF:
+                continue
+            method = self._method(name)
+            if method.factory is not None:
+                out.append(method.factory(self, req))
         return list(req.proposers) + out
 
     async def stream(self, req: GenerationRequest) -> AsyncIterator[TokenChunk]:

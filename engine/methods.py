@@ -1,4 +1,12 @@
-"""Proposal method names, and which ones a server runs when a request names none.
+"""The registry of proposal methods: names, token kinds, proposers, replay arms.
+
+Every place that lists methods reads them from here: the token kinds an emitted token
+may carry (`token_kinds`, engine/types.py TokenKind), which kinds are verified or
+asserted (engine/proposal.py), `--methods` and a request's `jumpahead.methods`
+(`parse_methods`, `describe`, the engine's `validate`), the proposers the engine builds
+for a row (engine/engine.py), and the method arms of replay and live runs
+(traces/arms.py, live/arms.py). A new method is its proposer's module plus one
+`Method(...)` line in `BUILTIN` below (or a `register(Method(...))` call of its own).
 
 Exact methods never change the output (docs/design.md, Proposal): verified copies (echo,
 n-gram) are accepted only where the row's own sampler picks them, and checked strict
@@ -13,26 +21,149 @@ change what the model reads and stay opt-in; a draft model needs a second model.
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-KNOWN = ("echo", "ngram", "draft", "strict")
+if TYPE_CHECKING:
+    from .proposal import Proposer
+    from .types import GenerationRequest
+
 OFF = frozenset({"none", "off"})
+SAMPLED = "sampled"  # the kind of a token the row's sampler picked (no method)
+STRICT = "strict"  # strict fill: built by engine/strict.py, on unless a list says none/off
 # `jumpahead bench fill` measured echo against methods off: no-copy and mixed-batch
 # arms no slower, copy-heavy turns faster (BENCHMARKS.md, "Exact methods by default").
 # Strict fill is not listed: it runs unless a list says none/off (engine/strict.py).
 SERVER_DEFAULT: tuple[str, ...] = ("echo",)
 
 
+@dataclass(frozen=True)
+class MethodArm:
+    """A replay arm that runs one method alone (traces/arms.py): `[method, "none"]`
+    (strict fill off), or `[strict]` for strict fill itself."""
+
+    name: str
+    description: str
+    # strict fill asserts its tokens instead of verifying them (replay only: no server
+    # option runs it, so live/arms.py refuses it)
+    asserted: bool = False
+
+
+@dataclass(frozen=True)
+class Method:
+    """One proposal method (or a kind of supplied token that no `--methods` name runs).
+
+    `factory(engine, request)` builds the row's proposer from the in-process engine
+    (engine/engine.py: its config, its draft model); None where something else supplies
+    the tokens (strict fill: engine/strict.py; jumps: policies; scripted: proxy/script.py).
+    `needs(engine)` says why this engine cannot run the method (None: it can)."""
+
+    name: str
+    kind: str  # the TokenKind its tokens carry
+    verified: bool  # True: accepted where the row's sampler agrees; False: asserted
+    description: str = ""
+    factory: Callable[[Any, "GenerationRequest"], "Proposer"] | None = None
+    selectable: bool = True  # a `--methods` / request `methods` name
+    needs: Callable[[Any], str | None] | None = None
+    arms: tuple[MethodArm, ...] = ()
+
+
+def _echo(engine: Any, req: "GenerationRequest") -> "Proposer":
+    from .echo import EchoProposer
+
+    return EchoProposer()
+
+
+def _ngram(engine: Any, req: "GenerationRequest") -> "Proposer":
+    from .echo import NgramProposer
+
+    return NgramProposer()
+
+
+def _draft(engine: Any, req: "GenerationRequest") -> "Proposer":
+    return engine.draft.proposer()
+
+
+def _draft_needs(engine: Any) -> str | None:
+    if getattr(engine, "draft", None) is None:
+        return "method 'draft' needs a draft model (serve --draft-model)"
+    return None
+
+
+BUILTIN: tuple[Method, ...] = (
+    Method("echo", "echo", True, "copies spans from the context (engine/echo.py)", _echo,
+           arms=(MethodArm("echo", "echo copies from the context, verified"),)),
+    Method("ngram", "ngram", True, "prompt-lookup n-grams (engine/echo.py)", _ngram,
+           arms=(MethodArm("ngram", "prompt-lookup n-grams, verified"),)),
+    Method("draft", "draft", True, "a draft model's tokens (engine/draft.py)", _draft, needs=_draft_needs),
+    Method(STRICT, "strict", False, "template scaffold and grammar jump-forward (engine/strict.py); "
+           "checked (verified) unless asserted", None,
+           arms=(MethodArm("strict", "strict fill, verified (the server's default)"),
+                 MethodArm("strict-asserted", "strict fill, asserted unverified (DESIGN's form)", asserted=True))),
+    Method("jump", "jump", False, "a policy's logical jump-ahead (policies/jump.py)", selectable=False),
+    Method("scripted", "scripted", False, "a forced script's tokens (proxy/script.py)", selectable=False),
+)
+
+REGISTRY: dict[str, Method] = {}
+# Live sets (register() adds to them): the kinds a Proposal may carry, by how they are taken.
+ASSERTED_KINDS: set[str] = set()
+VERIFIED_KINDS: set[str] = set()
+
+
+def register(method: Method) -> Method:
+    """Add `method` (its name must be new; its kind may be another method's)."""
+    if method.name in REGISTRY or method.name in OFF or method.name == SAMPLED:
+        raise ValueError(f"proposal method {method.name!r} is already registered")
+    if method.kind == SAMPLED:
+        raise ValueError("the kind 'sampled' is the sampler's own")
+    REGISTRY[method.name] = method
+    (VERIFIED_KINDS if method.verified else ASSERTED_KINDS).add(method.kind)
+    return method
+
+
+def unregister(name: str) -> None:
+    """Remove a method registered by `register` (tests, plug-ins that unload)."""
+    method = REGISTRY.pop(name)
+    if not any(m.kind == method.kind for m in REGISTRY.values()):
+        ASSERTED_KINDS.discard(method.kind)
+        VERIFIED_KINDS.discard(method.kind)
+
+
+for _m in BUILTIN:
+    register(_m)
+
+
+def known() -> tuple[str, ...]:
+    """The names `--methods` and a request's `methods` accept (besides none/off)."""
+    return tuple(m.name for m in REGISTRY.values() if m.selectable)
+
+
+def token_kinds() -> tuple[str, ...]:
+    """Every provenance an emitted token may carry: "sampled", then the methods' kinds."""
+    return tuple(dict.fromkeys([SAMPLED, *(m.kind for m in REGISTRY.values())]))
+
+
+def get(name: str) -> Method | None:
+    """The selectable method `name` (None: no such `--methods` name)."""
+    m = REGISTRY.get(name)
+    return m if m is not None and m.selectable else None
+
+
+def unknown_message(name: str) -> str:
+    """The engine's error for a method name it does not know."""
+    return f"unknown proposal method {name!r} (known: {', '.join(known())})"
+
+
 def parse_methods(text: str | None) -> tuple[str, ...]:
     """A `--methods` value: None = SERVER_DEFAULT; "none"/"off" = every proposer off
-    (strict fill too); else comma-separated KNOWN names. ValueError names the bad ones."""
+    (strict fill too); else comma-separated known() names. ValueError names the bad ones."""
     if text is None:
         return SERVER_DEFAULT
     names = tuple(m.strip() for m in text.split(",") if m.strip())
-    unknown = [m for m in names if m not in KNOWN and m not in OFF]
+    unknown = [m for m in names if get(m) is None and m not in OFF]
     if unknown:
         raise ValueError(f"unknown method(s) in --methods: {', '.join(unknown)} "
-                         f"(known: {', '.join(KNOWN)}; 'none' turns every method off)")
+                         f"(known: {', '.join(known())}; 'none' turns every method off)")
     if set(names) & OFF and len(names) > 1:
         raise ValueError("--methods none cannot be combined with other methods")
     return names  # () = strict fill only
@@ -42,4 +173,4 @@ def describe(methods: Sequence[str]) -> list[str]:
     """What a method list runs, spelled out (strict fill is implied unless off)."""
     if set(methods) & OFF:
         return []
-    return sorted(set(methods) | {"strict"})
+    return sorted(set(methods) | {STRICT})

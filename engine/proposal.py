@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 if TYPE_CHECKING:
     import numpy as np
 
+from .methods import ASSERTED_KINDS, VERIFIED_KINDS  # from the method registry (engine/methods.py)
 from .types import TokenKind
 
-ASSERTED_KINDS: frozenset[str] = frozenset({"strict", "jump", "scripted"})
-VERIFIED_KINDS: frozenset[str] = frozenset({"echo", "ngram", "draft"})
+__all__ = ["ASSERTED_KINDS", "VERIFIED_KINDS", "Constraint", "Proposal", "ProposalStats", "Proposer", "RowView"]
 
 
 @dataclass

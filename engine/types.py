@@ -10,9 +10,11 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Literal
 
-# Provenance of an emitted token. `sampled` came from the row's sampler; the others
-# were supplied by a proposer (see docs/design.md, Engine vocabulary).
-TokenKind = Literal["sampled", "strict", "echo", "ngram", "draft", "jump", "scripted"]
+# Provenance of an emitted token: one of engine/methods.py `token_kinds()`. `sampled`
+# came from the row's sampler; the others are the kinds of the registered methods
+# ("strict", "echo", "ngram", "draft", "jump", "scripted", and any registered later),
+# supplied by a proposer (see docs/design.md, Engine vocabulary).
+TokenKind = str
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
 _ids = itertools.count(1)

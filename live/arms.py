@@ -1,7 +1,7 @@
 """Live arms: each a `jumpahead serve` configuration plus a per-request `jumpahead` field.
 
 Names follow replay's arms (traces/arms.py): a method arm (`ordinary`, `strict`, `echo`,
-`ngram`) or a policy (`jump`, `oracle-jump`, `mistaken-jump:rate=0.3`, `compaction`,
+`ngram`: the registered methods' arms, engine/methods.py) or a policy (`jump`, `oracle-jump`, `mistaken-jump:rate=0.3`, `compaction`,
 `package.module:Class[:k=v,...]`), joined with "+" for combinations (`echo+jump`). One
 name is live only: `default`, the server's default methods (echo plus checked strict
 fill, what `jumpahead serve` runs when a request names none).

@@ -35,12 +35,15 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
+from jumpahead.engine.interface import Engine
+from jumpahead.engine.methods import token_kinds
+
 from .exchange import BaseHooks, Exchange
 from .turn import TurnOutput
 
 STATIC = Path(__file__).resolve().parent / "static"
 PAGE_PATHS = ("/dashboard", "/dashboard/dashboard.js", "/dashboard/dashboard.css", "/dashboard/plotly.min.js")
-KINDS = ("sampled", "strict", "echo", "ngram", "draft", "jump", "scripted")
+KINDS = token_kinds()  # the method registry's (engine/methods.py); the page lists its own
 MAX_TURNS = 300  # turns kept (the page plots them); older ones only count in the totals
 MAX_SESSIONS = 100
 MAX_INTERVENTIONS = 50
@@ -103,7 +106,7 @@ class _InFlight:
 class DashboardFeed(BaseHooks):
     """Per-turn records for the dashboard (bounded), sessions, interventions, totals."""
 
-    def __init__(self, engine: Any = None) -> None:
+    def __init__(self, engine: Engine | None = None) -> None:
         # the engine's round-cost fit (None in upstream mode): what a proposal token costs
         self._width_policy = getattr(getattr(engine, "scheduler", None), "width_policy", None)
         self._lock = threading.Lock()  # prepare_turn may run the hooks off the event loop
@@ -241,7 +244,7 @@ class DashboardFeed(BaseHooks):
 # --- routes --------------------------------------------------------------------------
 
 
-def _engine_part(engine: Any) -> dict[str, Any]:
+def _engine_part(engine: Engine) -> dict[str, Any]:
     """Queue and prefix cache from the engine (upstream mode reports less: None then)."""
     try:
         health = dict(engine.health())

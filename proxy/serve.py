@@ -20,6 +20,8 @@ def _positive(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from jumpahead.engine.methods import known as known_methods
+
     parser.add_argument("--model", default=None, metavar="PATH_OR_ID",
                         help="an mlx-lm model folder, a GGUF file (llama, gemma3, qwen2, qwen3; converted once "
                              "into the cache), 'gemma3-270m' (Gemma 3 270M base, from PyPI), or a hub id "
@@ -33,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="log level (default: info)")
     parser.add_argument("--methods", default=None, metavar="LIST",
                         help="proposal methods for requests that name none, comma-separated: "
-                             "echo, ngram, draft, strict, or 'none' for ordinary decoding "
+                             f"{', '.join(known_methods())}, or 'none' for ordinary decoding "
                              "(default: echo plus checked strict fill, the exact methods that pay)")
     parser.add_argument("--draft-model", default=None, metavar="PATH|truncated[:N]",
                         help="a draft model for method 'draft' (same tokenizer family as --model); "

@@ -1,7 +1,8 @@
 """Replay arms: which proposal methods and policies a replayed turn runs with.
 
 An arm name is one or more parts joined by "+": a method arm from `ARMS`
-(`ordinary`, `strict`, `echo`, `ngram`, `strict-asserted`) or a policy name (a built-in
+(`ordinary`, and each registered method's arms, engine/methods.py: `echo`, `ngram`,
+`strict`, `strict-asserted`) or a policy name (a built-in
 from policies/builtin.py or `package.module:Class`), optionally with options
 `NAME:key=value,key=value`. `strict+echo` runs both methods; `oracle-jump` runs the
 policy with no proposal method; `strict+oracle-jump` adds strict fill to it.
@@ -13,8 +14,14 @@ scaffold tokens and its figures would not be echo's alone.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from jumpahead.engine.methods import REGISTRY, STRICT, Method, MethodArm
+
+if TYPE_CHECKING:
+    from jumpahead.engine.interface import Engine
 
 
 class ArmError(ValueError):
@@ -29,15 +36,39 @@ class ArmSpec:
     description: str = ""
 
 
-ARMS: dict[str, ArmSpec] = {
-    "ordinary": ArmSpec(["none"], description="one decode round per token: the baseline"),
-    "strict": ArmSpec(["strict"], description="strict fill, verified (the server's default)"),
-    "strict-asserted": ArmSpec(["strict"], asserted_strict=True,
-                               description="strict fill, asserted unverified (DESIGN's form)"),
-    "echo": ArmSpec(["echo", "none"], description="echo copies from the context, verified"),
-    "ngram": ArmSpec(["ngram", "none"], description="prompt-lookup n-grams, verified"),
-}
 BASELINE = "ordinary"
+_BASELINE_SPEC = ArmSpec(["none"], description="one decode round per token: the baseline")
+
+
+def method_arm_spec(method: Method, arm: MethodArm) -> ArmSpec:
+    """A registered method's arm: the method alone (`none` keeps strict fill off),
+    strict fill itself as `[strict]`."""
+    methods = [method.name] if method.name == STRICT else [method.name, "none"]
+    return ArmSpec(methods, asserted_strict=arm.asserted, description=arm.description)
+
+
+class _Arms(Mapping[str, ArmSpec]):
+    """The method arms, read from the method registry (engine/methods.py) on each use,
+    so a method registered later has its arms: `ordinary` first, then each method's."""
+
+    def _all(self) -> dict[str, ArmSpec]:
+        out = {BASELINE: _BASELINE_SPEC}
+        for method in REGISTRY.values():
+            for arm in method.arms:
+                out.setdefault(arm.name, method_arm_spec(method, arm))
+        return out
+
+    def __getitem__(self, name: str) -> ArmSpec:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+ARMS: Mapping[str, ArmSpec] = _Arms()
 
 
 @dataclass
@@ -137,7 +168,7 @@ def parse_arms(text: str | list[str]) -> list[Arm]:
     return arms
 
 
-def policy_hooks(arm: Arm, engine: Any) -> list[Any]:
+def policy_hooks(arm: Arm, engine: "Engine") -> list[Any]:
     """The proxy hooks (proxy/exchange.py) that run the arm's policies on `engine`:
     the policy runtime (policies/runtime.py PolicyHooks) with the arm's specs as the
     server's, exactly as `serve --policy` runs them, plus any hooks the arm carries
