@@ -10,7 +10,7 @@ A request's `grammar` (GenerationRequest.grammar) is one of:
   (`tool_choice` "required", or a named function when `name` is given).
 - `{"type": "tool_calls", "family": ..., "tools": [...], "name": optional, "parallel": true,
   "count": optional}`: output is only tool calls in the model's own family format
-  (engine/tool_formats.py: Hermes, Qwen3-Coder, GLM, Kimi, Mistral, harmony, DeepSeek,
+  (engine/tool_formats/: Hermes, Qwen3-Coder, GLM, Kimi, Mistral, harmony, DeepSeek,
   Llama 3 JSON), one or more (`parallel`), or exactly `count`.
 
 Optional keys: `any_whitespace` (default False: compact JSON with `", "` and `": "`

@@ -13,9 +13,10 @@ scanner over the new characters of the call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from jumpahead.engine.tool_formats.scan import CallScanner
 from jumpahead.proxy.output_parser import OutputParser
 from jumpahead.proxy.turn import ContentDelta, ReasoningDelta, ToolCallDelta
 
@@ -30,90 +31,6 @@ class Crossing:
     index: int
     tool_name: str | None = None
     argument_key: str | None = None
-
-
-@dataclass
-class _Container:
-    kind: str  # "obj" | "arr"
-    expect: str = "key"  # objects: "key" | "colon" | "value" | "comma"
-    key: str | None = None  # the key whose value is being read
-    arguments: bool = False  # the call's arguments object
-
-
-@dataclass
-class CallScanner:
-    """Incremental JSON scan of one tool call's text: the name, the argument keys."""
-
-    stack: list[_Container] = field(default_factory=list)
-    in_string: bool = False
-    escape: bool = False
-    buf: list[str] = field(default_factory=list)
-    done: bool = False
-
-    def feed(self, text: str) -> list[tuple[str, str]]:
-        found: list[tuple[str, str]] = []
-        for ch in text:
-            if self.done:
-                break
-            if self.in_string:
-                if self.escape:
-                    self.escape = False
-                    self.buf.append(ch)
-                elif ch == "\\":
-                    self.escape = True
-                    self.buf.append(ch)
-                elif ch == '"':
-                    self.in_string = False
-                    self._string_done("".join(self.buf), found)
-                else:
-                    self.buf.append(ch)
-                continue
-            top = self.stack[-1] if self.stack else None
-            if ch == '"':
-                self.in_string, self.buf = True, []
-            elif ch in "{[":
-                child = _Container("obj" if ch == "{" else "arr")
-                if top is not None and top.kind == "obj":
-                    child.arguments = ch == "{" and len(self.stack) == 1 and top.key in ("arguments", "parameters")
-                    top.expect = "comma"
-                self.stack.append(child)
-            elif ch in "}]":
-                if self.stack:
-                    self.stack.pop()
-                if not self.stack:
-                    self.done = True
-            elif top is not None and top.kind == "obj":
-                if ch == ":" and top.expect == "colon":
-                    top.expect = "value"
-                    if top.arguments and top.key is not None:
-                        found.append(("argument_key", top.key))
-                elif ch == "," and top.expect in ("comma", "value"):
-                    top.expect, top.key = "key", None
-                elif top.expect == "value" and not ch.isspace():
-                    top.expect = "comma"  # a number or literal value
-        return found
-
-    def _string_done(self, text: str, found: list[tuple[str, str]]) -> None:
-        top = self.stack[-1] if self.stack else None
-        if top is None or top.kind != "obj":
-            return
-        if top.expect == "key":
-            top.key, top.expect = _unescape(text), "colon"
-        elif top.expect == "value":
-            if len(self.stack) == 1 and top.key == "name":
-                found.append(("tool_name", _unescape(text)))
-            top.expect = "comma"
-
-
-def _unescape(text: str) -> str:
-    if "\\" not in text:
-        return text
-    import orjson
-
-    try:
-        return orjson.loads(f'"{text}"')
-    except orjson.JSONDecodeError:
-        return text
 
 
 class OutputTracker:

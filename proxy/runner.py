@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from jumpahead.engine.interface import Engine
 from jumpahead.engine.tool_formats import detect_family
 from jumpahead.engine.types import EngineError, GenerationRequest
 
@@ -58,7 +59,7 @@ class PreparedTurn:
     content_logprobs: ContentLogprobs | None = None
 
 
-def _validate(engine: Any, request: GenerationRequest) -> None:
+def _validate(engine: Engine, request: GenerationRequest) -> None:
     try:
         engine.validate(request)
     except EngineError as exc:
@@ -82,7 +83,7 @@ def request_methods(turn: Turn) -> list[str]:
     return list(methods)
 
 
-def prepare_turn(engine: Any, turn: Turn, script: Script | None = None, exchange: Exchange | None = None,
+def prepare_turn(engine: Engine, turn: Turn, script: Script | None = None, exchange: Exchange | None = None,
                  hooks: list[Any] | None = None) -> PreparedTurn:
     """Render and validate. Raises APIError(400) for a Turn the model cannot run.
 
@@ -114,7 +115,7 @@ def prepare_turn(engine: Any, turn: Turn, script: Script | None = None, exchange
     return prepared
 
 
-def _prepare(engine: Any, turn: Turn, script: Script | None) -> PreparedTurn:
+def _prepare(engine: Engine, turn: Turn, script: Script | None) -> PreparedTurn:
     tokenizer = engine.tokenizer
     prompt = render_prompt(tokenizer, turn)
     max_tokens = turn.max_tokens if turn.max_tokens is not None else engine.context_length
@@ -167,7 +168,7 @@ def strict_fill_fields(tokenizer: Any, turn: Turn, tools: list | None, in_reason
     """GenerationRequest.grammar and .tools for strict fill (engine/strict.py).
 
     tool_choice required / a named function constrains the answer to tool calls in the
-    format of the template's family (engine/tool_formats.py): one call, one or more
+    format of the template's family (engine/tool_formats/): one call, one or more
     with `parallel_tool_calls: true` (not for a named function), exactly
     `jumpahead.tool_calls` where given. A JSON response format constrains it to JSON.
     Neither applies when the answer continues an assistant prefix or starts inside
@@ -211,7 +212,7 @@ def _call_count(turn: Turn) -> int | None:
     return count
 
 
-async def prepare_turn_async(engine: Any, turn: Turn, script: Script | None = None, exchange: Exchange | None = None,
+async def prepare_turn_async(engine: Engine, turn: Turn, script: Script | None = None, exchange: Exchange | None = None,
                              hooks: list[Any] | None = None) -> PreparedTurn:
     """`prepare_turn` off the event loop (templates and tokenizing 100 KB take time);
     a small turn inline, where the hand-off to a thread costs more than the work."""
@@ -244,7 +245,7 @@ def _finish_reason(engine_reason: str | None, tool_calls: int) -> TurnFinish:
     return "error"
 
 
-def _stop_sequence(engine: Any, stops: list[str], tail: list[int]) -> str | None:
+def _stop_sequence(engine: Engine, stops: list[str], tail: list[int]) -> str | None:
     """The stop string that ended a turn whose row finished with "stop" (None: EOS)."""
     if not stops:
         return None
@@ -259,7 +260,7 @@ def _stop_sequence(engine: Any, stops: list[str], tail: list[int]) -> str | None
     return max(found)[1] if found else stops[0]
 
 
-async def stream_turn(engine: Any, prepared: PreparedTurn, stats: Counter[str] | None = None) -> AsyncIterator[OutputEvent]:
+async def stream_turn(engine: Engine, prepared: PreparedTurn, stats: Counter[str] | None = None) -> AsyncIterator[OutputEvent]:
     """The Turn's output as events; the last one is always a TurnEnd.
 
     Closing this generator early (client gone) cancels the engine row. The hooks hear of
@@ -298,7 +299,7 @@ def _usage_so_far(prepared: PreparedTurn) -> Usage:
     return Usage(len(prepared.request.prompt), len(prepared.output_tokens), prepared.cached_tokens)
 
 
-async def _turn_events(engine: Any, prepared: PreparedTurn, stats: Counter[str] | None,
+async def _turn_events(engine: Engine, prepared: PreparedTurn, stats: Counter[str] | None,
                        collected: TurnOutput) -> AsyncIterator[OutputEvent]:
     parser = prepared.parser
     usage = Usage(prompt_tokens=len(prepared.request.prompt))
@@ -370,7 +371,7 @@ async def _turn_events(engine: Any, prepared: PreparedTurn, stats: Counter[str] 
     yield end
 
 
-def _content_logprobs(engine: Any, request: GenerationRequest) -> ContentLogprobs | None:
+def _content_logprobs(engine: Engine, request: GenerationRequest) -> ContentLogprobs | None:
     """The aligner of content logprobs for a request that asked for them."""
     if request.logprobs is None:
         return None
@@ -387,7 +388,7 @@ def _after_turn(prepared: PreparedTurn, out: TurnOutput) -> None:
             log.exception("after_turn hook %s failed", type(hook).__name__)
 
 
-async def complete_turn(engine: Any, prepared: PreparedTurn, stats: Counter[str] | None = None) -> TurnOutput:
+async def complete_turn(engine: Engine, prepared: PreparedTurn, stats: Counter[str] | None = None) -> TurnOutput:
     """Run the Turn to the end and collect its output."""
     out = TurnOutput(logprobs=None if prepared.request.logprobs is None else [])
     async with contextlib.aclosing(stream_turn(engine, prepared, stats)) as events:

@@ -1,4 +1,4 @@
-"""Every tool-call family under grammar (engine/tool_formats.py, proxy/tool_parsers.py).
+"""Every tool-call family under grammar (engine/tool_formats/, one module per family).
 
 Each family is served with its chat template (tests/data/tool_templates/, written after
 the family's published template) on the default model's weights and tokenizer: a model
@@ -108,7 +108,7 @@ def rendered_calls(family: str, tokenizer: Any, calls: list[tuple[str, dict]]) -
 
 def own_parse(family: str, tokenizer: Any, raw: str) -> list[tuple[str, dict]]:
     """The calls in `raw`, read by the family's own parser: mlx-lm's where it has one,
-    split at mlx-lm's markers; else jumpahead's (proxy/tool_parsers.py)."""
+    split at mlx-lm's markers; else jumpahead's (the family module's)."""
     from jumpahead.proxy.tool_parsers import tool_markers
 
     start, end, parser, fam = tool_markers(tokenizer)

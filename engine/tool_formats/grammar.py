@@ -1,8 +1,6 @@
-"""Tool-call families: which format a model's chat template writes calls in, and the
-grammar that makes `tool_choice` required / named produce exactly that format.
+"""The grammar that makes `tool_choice` required / named produce exactly a family's format.
 
-A family is detected from the tokenizer (mlx-lm's inferred tool parser, else markers in
-the chat template). Its grammar is xgrammar's own structural tag for the model
+A family's grammar is xgrammar's own structural tag for the model
 (`xgrammar.get_model_structural_tag`), adjusted for what the proxy asks of it:
 
 - the answer is the calls and nothing else: free text that a builtin tag lets in before
@@ -12,72 +10,20 @@ the chat template). Its grammar is xgrammar's own structural tag for the model
   `": "`), so the model writes what its own template would and strict fill has
   fixed text to supply (free whitespace also lets a weak model loop on blanks).
 
-Mistral has no builtin tag in xgrammar; its tag is built here in the same shape.
+Mistral has no builtin tag in xgrammar; its module builds one in the same shape
+(`ToolFamily.build_tag`).
 """
 
 from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import xgrammar as xg
 
-from .types import EngineError
-
-SEPARATORS = (", ", ": ")
-
-
-@dataclass(frozen=True)
-class ToolFamily:
-    """One tool-call format. `start`/`end` are the output parser's call markers
-    (`end` "": the calls run to the end of the output and are parsed together)."""
-
-    name: str
-    start: str
-    end: str
-    xgrammar: str | None  # xgrammar builtin structural tag key (None: built here)
-    separator: str = ""  # between two calls where the builtin tag allows free text
-    parser: str = ""  # mlx-lm tool_parsers module, or "jumpahead" (proxy/tool_parsers.py)
-
-
-FAMILIES: dict[str, ToolFamily] = {f.name: f for f in (
-    ToolFamily("hermes", "<tool_call>", "</tool_call>", "qwen_3", "\n", parser="json_tools"),
-    ToolFamily("qwen3_coder", "<tool_call>", "</tool_call>", "qwen_3_coder", "\n", parser="qwen3_coder"),
-    ToolFamily("glm", "<tool_call>", "</tool_call>", "glm_4_7", "", parser="glm47"),
-    ToolFamily("kimi", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "kimi", parser="kimi_k2"),
-    ToolFamily("mistral", "[TOOL_CALLS]", "", None, parser="mistral"),
-    # harmony: each call is its own message (`<|call|>`, then `<|start|>assistant`)
-    ToolFamily("harmony", "<|channel|>commentary to=", "", "harmony", parser="jumpahead"),
-    ToolFamily("deepseek_v3", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "deepseek_v3_1", parser="jumpahead"),
-    ToolFamily("deepseek_r1", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "deepseek_r1", parser="jumpahead"),
-    # Llama 3.x writes one bare JSON object; several are joined with "; " (as vLLM's
-    # llama3_json parser reads them; the Meta template itself renders only one).
-    ToolFamily("llama3_json", '{"name": ', "", "llama", "; ", parser="jumpahead"),
-)}
-
-# mlx-lm's tool parser module (inferred from the template) -> family
-_BY_MLX_PARSER = {"json_tools": "hermes", "qwen3_coder": "qwen3_coder", "glm47": "glm", "kimi_k2": "kimi",
-                  "mistral": "mistral"}
-
-
-def detect_family(tokenizer: Any) -> ToolFamily | None:
-    """The family of a TokenizerWrapper's chat template (None: no known tool format)."""
-    parser = getattr(tokenizer, "tool_parser", None)
-    if parser is not None:
-        name = _BY_MLX_PARSER.get(getattr(parser, "__module__", "").rsplit(".", 1)[-1])
-        return FAMILIES[name] if name else None
-    template = getattr(tokenizer, "chat_template", None)
-    if not isinstance(template, str):
-        return None
-    if "<|channel|>" in template and "<|call|>" in template:
-        return FAMILIES["harmony"]
-    if "<｜tool▁calls▁begin｜>" in template:
-        return FAMILIES["deepseek_r1" if "```json" in template else "deepseek_v3"]
-    if "<|start_header_id|>" in template and '"parameters": ' in template:
-        return FAMILIES["llama3_json"]
-    return None
+from ..types import EngineError
+from .base import SEPARATORS, ToolFamily
 
 
 def _function(tool: dict) -> dict:
@@ -96,14 +42,6 @@ def _openai_tools(tools: Sequence[dict], name: str | None) -> list[dict]:
         raise EngineError(f"tool_choice names a function that is not among the tools: {name!r}" if name
                           else "tool_choice requires tools")
     return out
-
-
-def _mistral_tag(tools: list[dict]) -> dict:
-    """`[TOOL_CALLS]name[ARGS]{...}` per call, calls back to back (Mistral v11+ templates)."""
-    tags = [{"type": "tag", "begin": f"[TOOL_CALLS]{t['function']['name']}[ARGS]",
-             "content": {"type": "json_schema", "json_schema": t["function"]["parameters"], "style": "json"},
-             "end": ""} for t in tools]
-    return {"type": "structural_tag", "format": {"type": "tags_with_separator", "tags": tags, "separator": ""}}
 
 
 def _calls_node(fmt: dict) -> dict | None:
@@ -144,7 +82,8 @@ def structural_tag(family: ToolFamily, tools: Sequence[dict], name: str | None =
     if count is not None and count < 1:
         raise EngineError("the number of tool calls must be at least 1")
     if family.xgrammar is None:
-        tag = _mistral_tag(chosen)
+        assert family.build_tag is not None, family.name
+        tag = family.build_tag(chosen)
     else:
         try:
             tag = xg.get_model_structural_tag(family.xgrammar, tools=chosen, tool_choice="required",
