@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from jumpahead.engine.interface import LocalEngine
 from jumpahead.proxy.errors import invalid_request
 from jumpahead.proxy.exchange import Exchange
 from jumpahead.proxy.turn import Turn, TurnOutput
@@ -410,7 +411,7 @@ def _unique_names(actives: list[Active]) -> None:
             a.name = f"{a.name}#{seen[a.name]}"
 
 
-def engine_generator(engine: Any, temperature: float = 0.0) -> Callable[[str, int], str]:
+def engine_generator(engine: LocalEngine, temperature: float = 0.0) -> Callable[[str, int], str]:
     """`generate(prompt_text, max_tokens) -> text` on the serving engine: the prompt as
     one user message, blocking (RequestContext.generate; e.g. model-written summaries)."""
     from jumpahead.engine.types import GenerationRequest, SamplingParams

@@ -19,6 +19,7 @@ import orjson
 from jumpahead.engine.types import SamplingParams
 
 from . import sse
+from .adapter import AdapterContext
 from .context_edits import applied_edits, parse_context_management
 from .errors import anthropic_error_body, invalid_request
 from .fields import boolean, integer, number, obj
@@ -523,3 +524,54 @@ class MessagesStream:
             sse.event("error", anthropic_error_body(message, 500)),
             sse.event("message_stop", {"type": "message_stop"}),
         ]
+
+
+class _MessagesWire:
+    """A MessagesStream's frames: message_start waits for the first event (its usage
+    then knows the cached prompt tokens), pings fill long silences."""
+
+    def __init__(self, encoder: MessagesStream, prompt_tokens: int) -> None:
+        self.encoder = encoder
+        self.heartbeat = encoder.ping
+        self.first = encoder.start(prompt_tokens)
+
+    def start(self) -> list[bytes]:
+        return self.first
+
+    def encode(self, event: OutputEvent) -> list[bytes]:
+        return self.encoder.encode(event)
+
+    def fail(self, message: str) -> list[bytes]:
+        return self.encoder.fail(message)
+
+    def end(self) -> list[bytes]:
+        return []
+
+
+class MessagesAdapter:
+    """/v1/messages (proxy/adapter.py Adapter)."""
+
+    protocol = "messages"
+
+    def __init__(self, ctx: AdapterContext) -> None:
+        self.ctx = ctx
+        self._id: str | None = None
+
+    @property
+    def id(self) -> str:
+        if self._id is None:
+            self._id = message_id()
+        return self._id
+
+    async def parse(self, body: Any) -> Turn:
+        turn = parse_messages_request(body, signer=self.ctx.signer)
+        self.ctx.stats["thinking_dropped"] += turn.extra.get("thinking_dropped", 0)
+        return turn
+
+    def body(self, out: TurnOutput, model: str) -> dict[str, Any]:
+        return message_object(out, id=self.id, model=model, signer=self.ctx.signer)
+
+    def stream(self, prepared: Any, model: str) -> _MessagesWire:
+        encoder = MessagesStream(id=self.id, model=model, signer=self.ctx.signer,
+                                 start_usage=lambda: Usage(len(prepared.request.prompt), 0, prepared.cached_tokens))
+        return _MessagesWire(encoder, len(prepared.request.prompt))

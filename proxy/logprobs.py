@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jumpahead.engine.interface import Engine
 from jumpahead.engine.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
 
 from .errors import invalid_request
@@ -43,7 +44,7 @@ def top_logprobs(body: dict[str, Any]) -> int | None:
 class TokenText:
     """Token ids as the `token` string and `bytes` of a logprob entry."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Engine) -> None:
         self._tokenizer = engine.tokenizer
         self._table: list[bytes] | None = None
         table = getattr(engine, "token_bytes", None)

@@ -16,7 +16,9 @@ import orjson
 
 from jumpahead.engine.types import SamplingParams
 
-from .errors import invalid_request
+from . import sse
+from .adapter import AdapterContext
+from .errors import error_body, invalid_request
 from .fields import boolean, integer, number, obj
 from .logprobs import top_logprobs
 from .turn import (
@@ -422,3 +424,53 @@ class ChatStream:
                 chunks.append(usage_chunk)
             return chunks
         return []
+
+
+class _ChatWire:
+    """A ChatStream in SSE `data:` frames: no heartbeat, an error object after a fault,
+    and `data: [DONE]` last, also after an error."""
+
+    heartbeat = None
+
+    def __init__(self, encoder: ChatStream) -> None:
+        self.encoder = encoder
+
+    def start(self) -> list[bytes]:
+        return [sse.data(self.encoder.start())]
+
+    def encode(self, event: OutputEvent) -> list[bytes]:
+        return [sse.data(chunk) for chunk in self.encoder.encode(event)]
+
+    def fail(self, message: str) -> list[bytes]:
+        return [sse.data(error_body(message, type="server_error"))]
+
+    def end(self) -> list[bytes]:
+        return [sse.DONE]
+
+
+class ChatAdapter:
+    """/v1/chat/completions (proxy/adapter.py Adapter)."""
+
+    protocol = "chat"
+
+    def __init__(self, ctx: AdapterContext) -> None:
+        self.ctx = ctx
+        self.turn: Turn | None = None
+        self._id: str | None = None
+
+    @property
+    def id(self) -> str:
+        if self._id is None:
+            self._id = completion_id()
+        return self._id
+
+    async def parse(self, body: Any) -> Turn:
+        self.turn = parse_chat_request(body, getattr(getattr(self.ctx.engine, "info", None), "vocab_size", None))
+        return self.turn
+
+    def body(self, out: TurnOutput, model: str) -> dict[str, Any]:
+        return chat_completion(out, id=self.id, model=model)
+
+    def stream(self, prepared: Any, model: str) -> _ChatWire:
+        assert self.turn is not None
+        return _ChatWire(ChatStream(id=self.id, model=model, include_usage=self.turn.include_usage))

@@ -11,6 +11,7 @@ flattened into their nested functions (and calls mapped back to name + namespace
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,12 +20,14 @@ import orjson
 
 from jumpahead.engine.types import SamplingParams
 
+from .adapter import AdapterContext
 from .compaction_item import compact_threshold, open_item
 from .errors import APIError, invalid_request
 from .fields import boolean, integer, number, obj
 from .logprobs import top_logprobs
 from .openai_chat import content_text
-from .response_store import ResponseStore
+from .response_store import ResponseStore, StoredResponse
+from .sse import KEEPALIVE
 from .signing import Signer, default_signer
 from .turn import Message, Tool, ToolCall, ToolChoice, Turn, TurnOutput, Usage
 
@@ -449,3 +452,79 @@ def status_of(out: TurnOutput) -> str:
 def assistant_message(out: TurnOutput) -> Message:
     """The answer as a conversation message (for previous_response_id)."""
     return Message("assistant", out.content or None, reasoning=out.reasoning or None, tool_calls=list(out.tool_calls))
+
+
+def store_response(store: ResponseStore, ctx: ResponsesContext, out: TurnOutput, response: dict[str, Any]) -> None:
+    """Keep a finished response for previous_response_id (when the request asked to store)."""
+    if ctx.store and response.get("status") in ("completed", "incomplete"):
+        store.put(response["id"], StoredResponse([*ctx.history, assistant_message(out)], response))
+
+
+class _ResponsesWire:
+    """A ResponsesStream's frames: keep-alive comments fill long silences; a response
+    that completed is stored when the stream ends."""
+
+    heartbeat = staticmethod(lambda: KEEPALIVE)
+
+    def __init__(self, encoder: Any, store: ResponseStore, ctx: ResponsesContext) -> None:
+        self.encoder = encoder
+        self.store = store
+        self.ctx = ctx
+        self.first = encoder.start()
+
+    def start(self) -> list[bytes]:
+        return self.first
+
+    def encode(self, event: Any) -> list[bytes]:
+        return self.encoder.encode(event)
+
+    def fail(self, message: str) -> list[bytes]:
+        return self.encoder.fail(message)
+
+    def end(self) -> list[bytes]:
+        encoder = self.encoder
+        if encoder.done and encoder.out.finish_reason not in ("error", "cancelled"):
+            status = status_of(encoder.out)
+            store_response(self.store, self.ctx, encoder.out, encoder._response(status, encoder.out.usage))
+        return []
+
+
+class ResponsesAdapter:
+    """/v1/responses (proxy/adapter.py Adapter)."""
+
+    protocol = "responses"
+
+    def __init__(self, ctx: AdapterContext) -> None:
+        self.server = ctx
+        self.ctx: ResponsesContext | None = None
+        self._id: tuple[str, int] | None = None
+
+    @property
+    def id(self) -> tuple[str, int]:
+        """The response id and its created_at (taken when the answer starts)."""
+        if self._id is None:
+            self._id = (f"resp_{uuid.uuid4().hex}", int(time.time()))
+        return self._id
+
+    async def parse(self, body: Any) -> Turn:
+        from .responses_compact import apply_context_management
+
+        turn, self.ctx = parse_responses_request(body, self.server.responses, self.server.signer)
+        self.server.stats["reasoning_dropped"] += self.ctx.reasoning_dropped
+        return await apply_context_management(self.server.engine, turn, self.ctx)  # context_management: compaction
+
+    def body(self, out: TurnOutput, model: str) -> dict[str, Any]:
+        assert self.ctx is not None
+        rid, created = self.id
+        response = response_object(self.ctx, id=rid, model=model, created_at=created, status=status_of(out),
+                                   output=output_items(out, self.ctx), usage=out.usage)
+        store_response(self.server.responses, self.ctx, out, response)
+        return response
+
+    def stream(self, prepared: Any, model: str) -> _ResponsesWire:
+        from .responses_stream import ResponsesStream
+
+        assert self.ctx is not None
+        rid, created = self.id
+        encoder = ResponsesStream(self.ctx, id=rid, model=model, created_at=created)
+        return _ResponsesWire(encoder, self.server.responses, self.ctx)

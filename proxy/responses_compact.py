@@ -23,6 +23,8 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
+from jumpahead.engine.interface import Engine
+
 from .compaction_item import compaction_item, default_threshold
 from .errors import invalid_request
 from .openai_responses import ResponsesContext, parse_responses_request
@@ -49,7 +51,7 @@ def _offset(turn: Turn, ctx: ResponsesContext) -> int:
     return len(turn.messages) - len(ctx.history)
 
 
-def _compact(engine: Any, turn: Turn, ctx: ResponsesContext, tokens_before: int | None = None) -> Any:
+def _compact(engine: Engine, turn: Turn, ctx: ResponsesContext, tokens_before: int | None = None) -> Any:
     """Run the compaction policy on `turn` (blocking: rendering, maybe model summaries)."""
     from jumpahead.policies.on_demand import compact_turn
 
@@ -78,7 +80,7 @@ def _report(result: Any) -> dict[str, Any]:
             **({"fallback": note["fallback"]} if note.get("fallback") else {})}
 
 
-async def compact_response(engine: Any, body: Any, store: ResponseStore, signer: Signer) -> dict[str, Any]:
+async def compact_response(engine: Engine, body: Any, store: ResponseStore, signer: Signer) -> dict[str, Any]:
     """The `response.compaction` object for a /v1/responses/compact body."""
     turn, ctx = parse_responses_request(body, store, signer)
     result = await asyncio.to_thread(_compact, engine, turn, ctx)
@@ -95,7 +97,7 @@ async def compact_response(engine: Any, body: Any, store: ResponseStore, signer:
     }
 
 
-async def apply_context_management(engine: Any, turn: Turn, ctx: ResponsesContext) -> Turn:
+async def apply_context_management(engine: Engine, turn: Turn, ctx: ResponsesContext) -> Turn:
     """`turn` compacted when its prompt exceeds the request's compact_threshold (the
     compaction item then leads ctx's output and the stored history is the compacted one)."""
     if ctx.compact_threshold is None:

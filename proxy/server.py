@@ -1,8 +1,9 @@
 """The HTTP server: routes, shared engine state, error mapping.
 
 `create_app(engine)` builds the Starlette app; `jumpahead serve` runs it with uvicorn.
-Three protocols share one path (adapter -> Turn -> runner -> OutputEvents -> adapter):
-OpenAI chat completions, Anthropic messages, OpenAI responses. Every answer is JSON
+Three protocols share one path and one handler, `generation_handler`, driven by each
+protocol's Adapter (proxy/adapter.py; adapter -> Turn -> runner -> OutputEvents ->
+adapter): OpenAI chat completions, Anthropic messages, OpenAI responses. Every answer is JSON
 (or SSE for streams); bad input is a 4xx in the protocol's error shape, and no
 request can stop the server. With a Script (`serve --script`), each generation
 request consumes the script's next turn.
@@ -14,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -27,33 +27,28 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from jumpahead.engine.interface import Engine
+
 from . import sse
 from .access import AccessConfig, access_middleware
-from .anthropic_messages import MessagesStream, message_id, message_object, parse_messages_request
+from .adapter import AdapterContext, AdapterFactory, WireStream
+from .anthropic_messages import MessagesAdapter, parse_messages_request
 from .body_limit import DEFAULT_MAX_BODY_BYTES, MAX_JSON_DEPTH, BodyLimitMiddleware, too_deep
 from .dashboard import DashboardFeed, dashboard_routes
-from .errors import APIError, error_body, invalid_request, not_found, server_error
+from .errors import APIError, invalid_request, not_found, server_error
 from .exchange import Exchange
-from .openai_chat import ChatStream, chat_completion, completion_id, parse_chat_request
+from .openai_chat import ChatAdapter
 from .openapi import openapi_document
-from .openai_responses import (
-    ResponsesContext,
-    assistant_message,
-    output_items,
-    parse_responses_request,
-    response_object,
-    status_of,
-)
+from .openai_responses import ResponsesAdapter
 from .prompt import render_prompt
-from .response_store import ResponseStore, StoredResponse
-from .responses_compact import apply_context_management, compact_response
-from .responses_stream import ResponsesStream
+from .response_store import ResponseStore
+from .responses_compact import compact_response
 from .runner import PreparedTurn, complete_turn, prepare_turn_async, stream_turn
 from .script import Script
 from .prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from .prometheus import prometheus_text
 from .signing import Signer, default_signer
-from .turn import TurnOutput, Usage
+from .turn import TurnOutput
 from .wire_errors import error_body_for
 
 log = logging.getLogger("jumpahead.proxy")
@@ -74,7 +69,7 @@ def _error_response(exc: APIError, request: Request | None = None) -> JSONRespon
     return JSONResponse(error_body_for(exc, path), status_code=exc.status)
 
 
-def _engine(request: Request) -> Any:
+def _engine(request: Request) -> Engine:
     return request.app.state.engine
 
 
@@ -101,7 +96,7 @@ async def _prepare(request: Request, protocol: str, body: Any, turn: Any) -> Pre
     return await prepare_turn_async(_engine(request), turn, _script(request), exchange, hooks)
 
 
-def _model_name(engine: Any) -> str:
+def _model_name(engine: Engine) -> str:
     info = getattr(engine, "info", None)
     return str(getattr(info, "name", None) or "jumpahead")
 
@@ -149,80 +144,69 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
     return None
 
 
-# --- /v1/chat/completions ----------------------------------------------------------
+# --- generation: /v1/chat/completions, /v1/messages, /v1/responses ----------------------
 
 
-async def chat_completions(request: Request) -> Response:
-    engine = _engine(request)
-    stats = _stats(request)
-    body = await read_json(request)
-    turn = parse_chat_request(body, getattr(getattr(engine, "info", None), "vocab_size", None))
-    prepared = await _prepare(request, "chat", body, turn)
-    model = turn.model or _model_name(engine)
-    cid = completion_id()
-    if turn.stream:
-        encoder = ChatStream(id=cid, model=model, include_usage=turn.include_usage)
-        return sse.response(_chat_sse(engine, prepared, encoder, stats))
-    out = await unless_disconnected(request, complete_turn(engine, prepared, stats))
-    if out is None:
-        stats["client_disconnects"] += 1
-        return Response(status_code=499)  # nobody reads it
-    if out.finish_reason in ("error", "cancelled"):
-        raise server_error(out.error or f"generation {out.finish_reason}")
-    return JSONResponse(chat_completion(out, id=cid, model=model))
+def _adapter_context(request: Request) -> AdapterContext:
+    state = request.app.state
+    return AdapterContext(engine=state.engine, stats=state.stats, signer=state.signer, responses=state.responses)
 
 
-async def _chat_sse(engine: Any, prepared: PreparedTurn, encoder: ChatStream, stats: Counter[str]) -> AsyncIterator[bytes]:
-    """The SSE body. Always ends with `data: [DONE]`, also after an error."""
+def generation_handler(make_adapter: AdapterFactory, name: str) -> Callable[[Request], Awaitable[Response]]:
+    """The route handler of one generation protocol (proxy/adapter.py): body -> Turn ->
+    the turn pipeline -> the protocol's JSON answer or SSE stream."""
+
+    async def handle(request: Request) -> Response:
+        engine = _engine(request)
+        adapter = make_adapter(_adapter_context(request))
+        body = await read_json(request)
+        turn = await adapter.parse(body)
+        prepared = await _prepare(request, adapter.protocol, body, turn)
+        model = turn.model or _model_name(engine)
+        if turn.stream:
+            return sse.response(_sse(engine, prepared, adapter.stream(prepared, model), _stats(request)))
+        out = await _complete(request, engine, prepared)
+        if out is None:
+            return Response(status_code=499)  # nobody reads it
+        return JSONResponse(adapter.body(out, model))
+
+    handle.__name__ = handle.__qualname__ = name  # the route's name
+    return handle
+
+
+async def _sse(engine: Engine, prepared: PreparedTurn, wire: WireStream, stats: Counter[str]) -> AsyncIterator[bytes]:
+    """An SSE body. The protocol's terminal frames always end it, also after a fault
+    mid-stream (`wire.fail`, then `wire.end`); `wire.heartbeat` fills long silences."""
     stats["streams_started"] += 1
     try:
-        yield sse.data(encoder.start())
+        for frame in wire.start():
+            yield frame
         async with contextlib.aclosing(stream_turn(engine, prepared, stats)) as events:
-            async for event in events:
-                for chunk in encoder.encode(event):
-                    yield sse.data(chunk)
-    except Exception as exc:  # a fault mid-stream: tell the client, end the stream properly
+            if wire.heartbeat is None:
+                async for event in events:
+                    for frame in wire.encode(event):
+                        yield frame
+            else:
+                async with contextlib.aclosing(sse.with_heartbeat(events, HEARTBEAT_S, wire.heartbeat)) as beating:
+                    async for event in beating:
+                        if isinstance(event, bytes):
+                            yield event
+                            continue
+                        for frame in wire.encode(event):
+                            yield frame
+    except Exception as exc:  # a fault mid-stream: say so, end with the terminal frames
         log.exception("stream failed")
         stats["stream_errors"] += 1
-        yield sse.data(error_body(f"{type(exc).__name__}: {exc}", type="server_error"))
-    except BaseException:  # cancelled: the client went away; the engine row is freed
-        stats["client_disconnects"] += 1
-        raise
-    yield sse.DONE
-
-
-# --- /v1/messages (Anthropic) and /v1/responses (OpenAI) ---------------------------
-
-
-async def _event_sse(engine: Any, prepared: PreparedTurn, encoder: Any, first: list[bytes], stats: Counter[str],
-                     beat: Callable[[], bytes], after: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
-    """An SSE body of named events. The encoder's terminal event always ends it,
-    also after a fault mid-stream (`encoder.fail`); `beat` fills long silences."""
-    stats["streams_started"] += 1
-    try:
-        for frame in first:
-            yield frame
-        async with contextlib.aclosing(stream_turn(engine, prepared, stats)) as events, \
-                contextlib.aclosing(sse.with_heartbeat(events, HEARTBEAT_S, beat)) as beating:
-            async for event in beating:
-                if isinstance(event, bytes):
-                    yield event
-                    continue
-                for frame in encoder.encode(event):
-                    yield frame
-    except Exception as exc:  # a fault mid-stream: say so, end with the terminal event
-        log.exception("stream failed")
-        stats["stream_errors"] += 1
-        for frame in encoder.fail(f"{type(exc).__name__}: {exc}"):
+        for frame in wire.fail(f"{type(exc).__name__}: {exc}"):
             yield frame
     except BaseException:  # cancelled: the client went away; the engine row is freed
         stats["client_disconnects"] += 1
         raise
-    if after is not None:
-        after()
+    for frame in wire.end():
+        yield frame
 
 
-async def _complete(request: Request, engine: Any, prepared: PreparedTurn) -> TurnOutput | None:
+async def _complete(request: Request, engine: Engine, prepared: PreparedTurn) -> TurnOutput | None:
     out = await unless_disconnected(request, complete_turn(engine, prepared, _stats(request)))
     if out is None:
         _stats(request)["client_disconnects"] += 1
@@ -231,23 +215,9 @@ async def _complete(request: Request, engine: Any, prepared: PreparedTurn) -> Tu
     return out
 
 
-async def messages(request: Request) -> Response:
-    engine = _engine(request)
-    body = await read_json(request)
-    turn = parse_messages_request(body, signer=request.app.state.signer)
-    _stats(request)["thinking_dropped"] += turn.extra.get("thinking_dropped", 0)
-    prepared = await _prepare(request, "messages", body, turn)
-    model = turn.model or _model_name(engine)
-    mid = message_id()
-    if turn.stream:
-        encoder = MessagesStream(id=mid, model=model, signer=request.app.state.signer,
-                                 start_usage=lambda: Usage(len(prepared.request.prompt), 0, prepared.cached_tokens))
-        first = encoder.start(len(prepared.request.prompt))
-        return sse.response(_event_sse(engine, prepared, encoder, first, _stats(request), encoder.ping))
-    out = await _complete(request, engine, prepared)
-    if out is None:
-        return Response(status_code=499)  # nobody reads it
-    return JSONResponse(message_object(out, id=mid, model=model, signer=request.app.state.signer))
+chat_completions = generation_handler(ChatAdapter, "chat_completions")
+messages = generation_handler(MessagesAdapter, "messages")
+responses = generation_handler(ResponsesAdapter, "responses")
 
 
 async def count_tokens(request: Request) -> Response:
@@ -255,41 +225,6 @@ async def count_tokens(request: Request) -> Response:
     turn = parse_messages_request(await read_json(request), for_counting=True, signer=request.app.state.signer)
     prompt = await asyncio.to_thread(render_prompt, engine.tokenizer, turn)
     return JSONResponse({"input_tokens": len(prompt)})
-
-
-def _store_response(store: ResponseStore, ctx: ResponsesContext, out: TurnOutput, response: dict[str, Any]) -> None:
-    if ctx.store and response.get("status") in ("completed", "incomplete"):
-        store.put(response["id"], StoredResponse([*ctx.history, assistant_message(out)], response))
-
-
-async def responses(request: Request) -> Response:
-    engine = _engine(request)
-    store: ResponseStore = request.app.state.responses
-    body = await read_json(request)
-    turn, ctx = parse_responses_request(body, store, request.app.state.signer)
-    _stats(request)["reasoning_dropped"] += ctx.reasoning_dropped
-    turn = await apply_context_management(engine, turn, ctx)  # context_management: compaction
-    prepared = await _prepare(request, "responses", body, turn)
-    model = turn.model or _model_name(engine)
-    rid = f"resp_{uuid.uuid4().hex}"
-    created = int(time.time())
-    if turn.stream:
-        encoder = ResponsesStream(ctx, id=rid, model=model, created_at=created)
-
-        def after() -> None:
-            if encoder.done and encoder.out.finish_reason not in ("error", "cancelled"):
-                status = status_of(encoder.out)
-                _store_response(store, ctx, encoder.out, encoder._response(status, encoder.out.usage))
-
-        return sse.response(_event_sse(engine, prepared, encoder, encoder.start(), _stats(request),
-                                       lambda: sse.KEEPALIVE, after))
-    out = await _complete(request, engine, prepared)
-    if out is None:
-        return Response(status_code=499)
-    response = response_object(ctx, id=rid, model=model, created_at=created, status=status_of(out),
-                               output=output_items(out, ctx), usage=out.usage)
-    _store_response(store, ctx, out, response)
-    return JSONResponse(response)
 
 
 async def responses_compact(request: Request) -> Response:
@@ -315,7 +250,7 @@ async def delete_response(request: Request) -> Response:
 # --- models, health, metrics ---------------------------------------------------------
 
 
-def _model_card(engine: Any, model_id: str | None = None) -> dict[str, Any]:
+def _model_card(engine: Engine, model_id: str | None = None) -> dict[str, Any]:
     info = getattr(engine, "info", None)
     card = {
         "id": model_id or _model_name(engine),
@@ -424,7 +359,7 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return _error_response(server_error(f"internal error: {type(exc).__name__}: {exc}"), request)
 
 
-def create_app(engine: Any, script: Script | None = None, response_store: ResponseStore | None = None,
+def create_app(engine: Engine, script: Script | None = None, response_store: ResponseStore | None = None,
                hooks: list[Any] | None = None, access: AccessConfig | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, signer: Signer | None = None) -> Starlette:
     """The app around a loaded engine (shared by all requests).

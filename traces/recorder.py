@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from jumpahead.engine.interface import Engine
 from jumpahead.proxy.exchange import BaseHooks, Exchange
 from jumpahead.proxy.prompt import continues_final_message
 from jumpahead.proxy.session_identity import safe_file_stem
@@ -149,7 +150,7 @@ class TraceRecorder(BaseHooks):
         self.errors = 0
 
     @classmethod
-    def for_engine(cls, directory: str | Path, engine: Any, server: dict[str, Any] | None = None) -> TraceRecorder:
+    def for_engine(cls, directory: str | Path, engine: Engine, server: dict[str, Any] | None = None) -> TraceRecorder:
         info = getattr(engine, "info", None)
         model = getattr(info, "name", None) or getattr(info, "path", None)
         return cls(directory, tokenizer=getattr(engine, "tokenizer", None), model=None if model is None else str(model),

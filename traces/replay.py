@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from jumpahead.engine.interface import Engine
 from jumpahead.proxy.exchange import Exchange
 from jumpahead.proxy.prompt import prompt_opens_reasoning
 from jumpahead.proxy.runner import complete_turn, prepare_turn
@@ -232,7 +233,7 @@ def _rounds(sizes: list[int], stamps: list[float], calls: list[Any]) -> tuple[li
     return round_s, propose
 
 
-async def run_arm_turn(engine: Any, arm: Arm, hooks: list[Any], plan: PlannedTurn, session_id: str) -> ArmTurn:
+async def run_arm_turn(engine: Engine, arm: Arm, hooks: list[Any], plan: PlannedTurn, session_id: str) -> ArmTurn:
     turn = copy.deepcopy(plan.turn)
     turn.max_tokens = len(plan.tokens)
     options = {"methods": arm.methods}

@@ -11,7 +11,10 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .engine import UpstreamEngine
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +58,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
                           read_timeout_s=args.upstream_read_timeout, continuation=continuation)
 
 
-def upstream_generator(engine: Any) -> Any:
+def upstream_generator(engine: "UpstreamEngine") -> Any:
     """`generate(prompt_text, max_tokens) -> text` on the upstream (policies'
     RequestContext.generate, e.g. model-written summaries; blocking, off the loop)."""
 
