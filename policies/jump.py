@@ -16,6 +16,11 @@
 
 Each policy instance keeps per-request state (the request's tools, markers, the oracle
 text, a context index); hooks are cheap after the first boundary of a request.
+
+Every tool-call family is served: the request's family (detected from the tokenizer,
+engine/tool_formats/) reads the call being written and writes its rest, so a jump
+appends a call in the model's own format (Hermes JSON, Qwen3-Coder XML, GLM, Kimi,
+Mistral, harmony, DeepSeek, Llama 3 JSON).
 """
 
 from __future__ import annotations
@@ -30,12 +35,25 @@ from typing import Any
 
 from .api import BoundaryEvent, Intervention, Policy, RequestContext
 from .call_text import DEFAULT_END, DEFAULT_START, CallFormat, parse_partial
-from .jump_plan import CONTENT_KEYS, NEW_KEYS, ContextIndex, JumpPlan, ToolSpec, arrange, plan_online, roles
-from .jump_sources import Haystack, blocks_in, earlier_calls, names_path, paths_in
+from .jump_plan import (
+    CONTENT_KEYS,
+    NEW_KEYS,
+    ContextIndex,
+    JumpPlan,
+    ToolSpec,
+    arrange,
+    calls_in,
+    is_hermes,
+    plan_online,
+    read_call,
+    roles,
+)
+from .jump_sources import Haystack, blocks_in, names_path, paths_in
 
 _STRUCTURAL_KEYS = frozenset({"name", "arguments", "parameters"})
 _SYNTAX = re.compile(r"[\s{}\[\],:]+")
 _LITERAL = re.compile(r"-?[\w.+-]+")
+_SENTINEL = "\ue000"  # a private-use character: where a family's writing of a cut call stops
 _TOOL_RESPONSE = re.compile(r"<tool_response>\n?(.*?)\n?</tool_response>", re.S)
 
 
@@ -46,6 +64,7 @@ class _JumpPolicy(Policy):
         super().__init__(**options)
         self.tools: dict[str, ToolSpec] = {}
         self.start, self.end = DEFAULT_START, DEFAULT_END
+        self.family: Any = None  # the request's ToolFamily (None: Hermes)
         self._index: ContextIndex | None = None
         # per boundary: {"boundary", "seconds", "jumped", "chars", "label"} (H, tokens supplied)
         self.decisions: list[dict[str, Any]] = []
@@ -57,14 +76,20 @@ class _JumpPolicy(Policy):
     def configure(self, ctx: RequestContext) -> None:
         """Read what the hooks need from the request: tools, the model's call markers."""
         self.tools = {t.name: ToolSpec.of(t.name, t.parameters) for t in ctx.turn.tools}
-        self.start = getattr(ctx.tokenizer, "tool_call_start", None) or DEFAULT_START
-        self.end = getattr(ctx.tokenizer, "tool_call_end", None) or DEFAULT_END
+        from jumpahead.engine.tool_formats import detect_family
+
+        family = detect_family(ctx.tokenizer)
+        self.family = None if is_hermes(family) else family
+        own = getattr(ctx.tokenizer, "tool_call_start", None)
+        self.start = own or (self.family.start if self.family else DEFAULT_START)
+        self.end = (getattr(ctx.tokenizer, "tool_call_end", None) if own else None) or (
+            self.family.end if self.family else DEFAULT_END)
         self._index = None
 
     def index(self, context_text: str) -> ContextIndex:
         idx = self._index
         if idx is None or idx.text is not context_text and idx.text != context_text:
-            idx = self._index = ContextIndex.of(context_text, self.start, self.end)
+            idx = self._index = ContextIndex.of(context_text, self.start, self.end, self.family)
         return idx
 
     def on_tool_name(self, event: BoundaryEvent) -> Intervention | None:
@@ -92,7 +117,7 @@ class Jump(_JumpPolicy):
     name = "jump"
 
     def plan(self, event: BoundaryEvent) -> JumpPlan | None:
-        return plan_online(event, self.index(event.context_text), self.tools, self.start, self.end)
+        return plan_online(event, self.index(event.context_text), self.tools, self.start, self.end, self.family)
 
 
 def oracle_output(turn: Any) -> str | None:
@@ -195,6 +220,8 @@ class OracleJump(_JumpPolicy):
         oracle, out = self.oracle, event.output_text
         if not oracle or not oracle.startswith(out):
             return None  # no recording, or the model left it
+        if self.family is not None:
+            return self._plan_family(event)
         stop = oracle.find(self.end, len(out))
         if stop < 0 or oracle.find(self.start, len(out), stop) >= 0:
             return None  # the recording does not continue this call
@@ -225,6 +252,85 @@ class OracleJump(_JumpPolicy):
         keys = [k for k in (r.content_key, r.new_key, r.command_key) if r and k] if r else []
         return JumpPlan(call, fmt, items, r, (best[1], best[2]) if best else None, best[0] if best else "context",
                         label, [k for k in keys if k in dict(items)], fixed_text=text, fixed_tokens=tokens)
+
+    def _plan_family(self, event: BoundaryEvent) -> JumpPlan | None:
+        """The oracle jump for a family other than Hermes: the recorded call's remaining
+        arguments, in order, as far as their keys and content are sourced; the text
+        supplied is the recording's own (its longest common prefix with the family's
+        writing of the sourced part)."""
+        family, oracle, out = self.family, self.oracle, event.output_text
+        assert oracle is not None
+        call, layout = read_call(event.call_text, family)
+        stop = family.call_end(oracle, len(out))
+        if call is None or stop is None or stop <= len(out):
+            return None
+        rest = oracle[len(out):stop]
+        whole = None
+        for m in range(len(rest), max(-1, len(rest) - 96), -1):  # the call less its closing
+            whole, _ = read_call(event.call_text + rest[:m], family)
+            if whole is not None and whole.stage in ("after_value", "open"):
+                break
+            whole = None
+        if whole is None:
+            return None
+        items = arrange(call, None, whole.args) or []
+        hays = (("context", self.index(event.context_text).hay), ("output", Haystack(out)))
+        spans: list[tuple[str, int, int]] = []
+        cut: tuple[int, str, Any] | None = None  # (item index, key, value prefix) where sourcing stops
+        for n, (key, value) in enumerate(items):
+            first = n == 0 and call.stage in ("key", "after_key", "after_colon", "string")
+            if not first and not any(h.contains(key) for _, h in hays):
+                cut = (n, _SENTINEL, "")
+                break
+            if not isinstance(value, str):
+                text = json.dumps(value, ensure_ascii=False)
+                if not any(h.contains(text) for _, h in hays):
+                    cut = (n, key, "")
+                    break
+                continue
+            done = len(call.partial) if n == 0 and call.stage == "string" else 0
+            k = done
+            while k < len(value):
+                where, hay, j = max(((w, h, h.longest_from(value, k)) for w, h in hays), key=lambda t: t[2])
+                if j - k < self.min_chars and not (k == 0 and j == len(value)):
+                    break
+                span = hay.locate(value[k:j])
+                if span is not None:
+                    spans.append((where, *span))
+                k = j
+            if k < len(value):
+                cut = (n, key, value[:k])
+                break
+        if cut is None:
+            candidate = family.complete(call, items, layout)
+        else:
+            n, key, prefix = cut
+            candidate = family.complete(call, items[:n] + [(key, prefix + _SENTINEL)], layout)
+            candidate = candidate[: candidate.find(_SENTINEL)] if candidate and _SENTINEL in candidate else None
+        if not candidate:
+            return None
+        supplied = 0
+        while supplied < min(len(candidate), len(rest)) and candidate[supplied] == rest[supplied]:
+            supplied += 1
+        if supplied <= 0:
+            return None
+        text = rest[:supplied]
+        tokens = self._record_tokens(event, len(out) + supplied)
+        if tokens is not None:
+            if not tokens:
+                return None
+            text = oracle[len(out):len(self._tokenizer.decode(self._ids[:len(event.output_tokens) + len(tokens)]))]
+        spec = self.tools.get(call.name)
+        r = roles(call.name, spec, call)
+        best = max(spans, key=lambda s: s[2] - s[1], default=None)
+        sourced = sum(e - s for _, s, e in spans)
+        label = (f"oracle {call.name}: {len(text)}/{len(rest)} chars of the recorded call, "
+                 f"{sourced} content chars from {len(spans)} stretches"
+                 + ("" if len(text) == len(rest) else "; stopped at unsourced content"))
+        keys = [k for k in (r.content_key, r.new_key, r.command_key) if k]
+        return JumpPlan(call, layout, items if len(text) == len(rest) else [], r,
+                        (best[1], best[2]) if best else None, best[0] if best else "context", label,
+                        [k for k in keys if k in dict(items)], fixed_text=text, fixed_tokens=tokens)
 
     @staticmethod
     def _items(call: Any, body: str) -> list[tuple[str, Any]] | None:
@@ -384,6 +490,6 @@ class MistakenJump(_JumpPolicy):
         scope = event.output_text[:cut] if cut >= 0 else event.output_text
         found = [b.text for b in idx.blocks + blocks_in(scope) if b.closed and b.text.strip()]
         found += [m.group(1) for m in _TOOL_RESPONSE.finditer(event.context_text) if m.group(1).strip()]
-        for call in idx.calls + earlier_calls(scope, self.start, self.end):
+        for call in idx.calls + calls_in(scope, self.start, self.end, self.family):
             found += [v for k, v in call.arguments.items() if k in (*CONTENT_KEYS, *NEW_KEYS) and isinstance(v, str)]
         return list(dict.fromkeys(found))

@@ -1,7 +1,8 @@
 """Deciding what a jump supplies: the rest of a tool call, built from content the context
 already holds (docs/design.md, logical jump-ahead).
 
-`plan_online` looks at the call the model is writing (`call_text.parse_partial`) and, once
+`plan_online` looks at the call the model is writing (the family's partial-call reader,
+engine/tool_formats/<family>.py; Hermes' `parse_partial` by default) and, once
 its destination is fixed (a file tool's path complete; for other tools a first argument
 or a command prefix), finds the complete literal content of the remaining arguments:
 
@@ -17,18 +18,22 @@ or a command prefix), finds the complete literal content of the remaining argume
 
 Anything ambiguous (two different blocks, a block never closed, no path near a block,
 two earlier calls that differ) gives no plan: a jump must be the model's own choice,
-only written faster.
+only written faster. The plan's text is the family's completer's: the rest of the call
+in the model's own format.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .api import BoundaryEvent, Intervention
 from .call_text import CallFormat, PartialCall, complete, parse_partial
 from .jump_sources import Block, EarlierCall, Haystack, blocks_for_path, blocks_in, earlier_calls, lead_names
+
+if TYPE_CHECKING:
+    from jumpahead.engine.tool_formats import ToolFamily
 
 PATH_KEYS = ("path", "file_path", "filePath", "filename", "file", "target_file", "absolute_path", "notebook_path")
 CONTENT_KEYS = ("content", "file_text", "contents", "text", "code", "new_content")
@@ -100,7 +105,7 @@ class JumpPlan:
     """A decided jump: the arguments still to write, where they came from."""
 
     call: PartialCall | None
-    fmt: CallFormat
+    fmt: Any  # CallFormat (Hermes), else the family's layout (engine/tool_formats/)
     items: list[tuple[str, Any]]  # the arguments still to write (empty: only fixed_text known)
     roles: Roles | None
     source: tuple[int, int] | None = None
@@ -113,7 +118,11 @@ class JumpPlan:
     def text(self) -> str | None:
         if self.fixed_text is not None:
             return self.fixed_text
-        return complete(self.call, self.items, self.fmt) if self.call is not None else None
+        if self.call is None:
+            return None
+        if isinstance(self.fmt, CallFormat):
+            return complete(self.call, self.items, self.fmt)
+        return self.fmt.complete(self.call, self.items)  # a family's layout (engine/tool_formats/)
 
     def intervention(self) -> Intervention | None:
         text = self.text()
@@ -164,8 +173,29 @@ class ContextIndex:
     hay: Haystack
 
     @classmethod
-    def of(cls, text: str, start: str, end: str) -> ContextIndex:
-        return cls(text, blocks_in(text), earlier_calls(text, start, end), Haystack(text))
+    def of(cls, text: str, start: str, end: str, family: ToolFamily | None = None) -> ContextIndex:
+        return cls(text, blocks_in(text), calls_in(text, start, end, family), Haystack(text))
+
+
+def is_hermes(family: ToolFamily | None) -> bool:
+    """Hermes (or no family known): the reader and completer of partial.py, as always."""
+    return family is None or family.name == "hermes"
+
+
+def calls_in(text: str, start: str, end: str, family: ToolFamily | None = None) -> list[EarlierCall]:
+    """The complete calls written in `text`, in the family's format."""
+    if is_hermes(family):
+        return earlier_calls(text, start, end)
+    assert family is not None
+    return [EarlierCall(c.name, c.arguments, c.start, c.end) for c in family.calls_in(text)]
+
+
+def read_call(call_text: str, family: ToolFamily | None) -> tuple[PartialCall | None, Any]:
+    """The call being written and the layout to complete it with."""
+    if is_hermes(family):
+        return parse_partial(call_text, None), None
+    assert family is not None
+    return family.read(call_text), family.layout(call_text)
 
 
 def _strip_nl(text: str) -> str:
@@ -197,10 +227,11 @@ def _edit_pair(scope: str, path: str, ctx: ContextIndex) -> tuple[str, str, str,
 
 
 def _repeat(call: PartialCall, tool: str, spec: ToolSpec | None, ctx: ContextIndex, scope: str,
-            start: str, end: str) -> tuple[list[tuple[str, Any]], str, tuple[int, int], str] | None:
+            start: str, end: str, family: ToolFamily | None = None
+            ) -> tuple[list[tuple[str, Any]], str, tuple[int, int], str] | None:
     """The rest of the one earlier call of `tool` that agrees with what is written."""
     found: dict[str, tuple[list[tuple[str, Any]], str, tuple[int, int], str]] = {}
-    candidates = [(c, "context") for c in ctx.calls] + [(c, "output") for c in earlier_calls(scope, start, end)]
+    candidates = [(c, "context") for c in ctx.calls] + [(c, "output") for c in calls_in(scope, start, end, family)]
     for earlier, where in candidates:
         if earlier.name != tool or not set(call.args) <= set(earlier.arguments):
             continue
@@ -214,12 +245,12 @@ def _repeat(call: PartialCall, tool: str, spec: ToolSpec | None, ctx: ContextInd
 
 
 def plan_online(event: BoundaryEvent, ctx: ContextIndex, tools: dict[str, ToolSpec],
-                start: str, end: str) -> JumpPlan | None:
+                start: str, end: str, family: ToolFamily | None = None) -> JumpPlan | None:
     """The online jump at this boundary, or None (see the module doc for the rules)."""
-    call = parse_partial(event.call_text, None)
+    call, layout = read_call(event.call_text, family)
     if call is None:
         return None
-    fmt = CallFormat.detect(event.call_text, end)
+    fmt = CallFormat.detect(event.call_text, end) if layout is None else layout
     spec = tools.get(call.name)
     if tools and spec is None:
         return None  # a tool the request does not offer: the model is off course
@@ -253,7 +284,7 @@ def plan_online(event: BoundaryEvent, ctx: ContextIndex, tools: dict[str, ToolSp
             old, new, account, span = pair
             return plan({r.old_key: old, r.new_key: new}, span, "context", f"{call.name} path={path} {account}",
                         [r.new_key, r.old_key])
-    repeat = _repeat(call, call.name, spec, ctx, scope, start, end)
+    repeat = _repeat(call, call.name, spec, ctx, scope, start, end, family)
     if repeat is not None:
         items, label, span, where = repeat
         keys = [k for k in (r.content_key, r.new_key, r.command_key) if k]

@@ -3,9 +3,13 @@
 The text-level state (reasoning / content / tool call) comes from the proxy's own
 OutputParser (proxy/output_parser.py), so boundaries fall exactly where the answer's
 parse puts them: `reasoning_closed` when reasoning ends, `tool_call_opened` when a
-tool-call start marker is complete. Inside a Hermes-JSON call (`{"name": ...,
-"arguments": {...}}`) a small incremental JSON scanner adds `tool_name` (the name's
-string is closed) and `argument_key` (each top-level `"key":` of the arguments).
+tool-call start marker is complete. Inside a call the family's scanner
+(engine/tool_formats/, the tokenizer's family) adds `tool_name` (the name is complete)
+and `argument_key` (each top-level key of the arguments: `"key":` in the JSON families,
+`<parameter=key>` / `<arg_key>key</arg_key>` in the XML ones); for Hermes-JSON calls (and
+a tokenizer of no known family) a small incremental JSON scanner. Where a family's calls
+run on in one section without an end marker (harmony, Mistral, Llama 3 JSON), each
+further call crosses `tool_call_opened` again.
 
 Work per token is O(the token's text): one detokenizer step, one parser feed, and the
 scanner over the new characters of the call.
@@ -36,7 +40,12 @@ class Crossing:
 class OutputTracker:
     """The row's decoded output, its parse, and the boundaries crossed by each token."""
 
-    def __init__(self, tokenizer: Any, parser: OutputParser) -> None:
+    def __init__(self, tokenizer: Any, parser: OutputParser, family: Any = "detect") -> None:
+        if family == "detect":
+            from jumpahead.engine.tool_formats import detect_family
+
+            family = detect_family(tokenizer)
+        self.family = None if family is None or family.name == "hermes" else family
         self.detokenizer = tokenizer.detokenizer
         self.skip = set(getattr(tokenizer, "eos_token_ids", ()) or ())
         self.parser = parser
@@ -47,7 +56,7 @@ class OutputTracker:
         self.calls_done = 0
         self.tool_name: str | None = None
         self.argument_key: str | None = None
-        self._scanner: CallScanner | None = None
+        self._scanner: Any = None  # CallScanner, or the family's
         self._scanned = 0  # characters of the open call already scanned
         if parser.state == TOOL:  # the prompt's assistant prefix opened a call
             self._open_call()
@@ -61,7 +70,7 @@ class OutputTracker:
         return self.parser.call_text
 
     def _open_call(self) -> None:
-        self._scanner, self._scanned = CallScanner(), 0
+        self._scanner, self._scanned = (CallScanner() if self.family is None else self.family.scanner()), 0
         self.tool_name = self.argument_key = None
 
     def add(self, token: int) -> list[Crossing]:
@@ -98,7 +107,10 @@ class OutputTracker:
         if now == TOOL and self._scanner is not None:
             body = parser.call_text
             for kind, value in self._scanner.feed(body[self._scanned:]):
-                if kind == "tool_name":
+                if kind == "call_opened":  # a further call of the same section
+                    self.tool_name = self.argument_key = None
+                    crossed.append(Crossing("tool_call_opened", index))
+                elif kind == "tool_name":
                     self.tool_name = value
                     crossed.append(Crossing("tool_name", index, tool_name=value))
                 else:

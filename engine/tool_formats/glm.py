@@ -20,7 +20,7 @@ FORMAT = XmlFormat(
     "glm", start="<tool_call>", end="</tool_call>", name_open="", name_close="",
     key_open="<arg_key>", key_close="</arg_key>", value_open="<arg_value>", value_close="</arg_value>",
     call_close="", value_text=value_text,
-    name_re=r"^\s*([^<\s]+)\s*<", key_re=r"<arg_key>([^<]*)</arg_key>")
+    name_re=r"^\s*([^<\s]+)\s*(?=<)", key_re=r"<arg_key>([^<]*)</arg_key>")
 
 FAMILY = ToolFamily("glm", "<tool_call>", "</tool_call>", "glm_4_7", "", parser="glm47", format=FORMAT)
 FORMAT.parse = FAMILY.parse

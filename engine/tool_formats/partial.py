@@ -76,9 +76,15 @@ class CallFormat:
                 text = text.replace(marker, marker[0] + "\\u%04x" % ord(marker[1]) + marker[2:])
         return text
 
-    def string_tail(self, tail: str) -> str:
-        """The escaped form of `tail` inside an already opened JSON string (no quotes)."""
-        return self.guard(json.dumps(tail, ensure_ascii=False)[1:-1])
+    def string_tail(self, tail: str, before: str = "") -> str:
+        """The escaped form of `tail` inside an already opened JSON string (no quotes);
+        `before`: the string's text so far, so a marker split across the two is escaped too."""
+        text = self.guard(json.dumps(tail, ensure_ascii=False)[1:-1])
+        markers = ([self.end] if self.end.startswith("</") else []) + list(self.guards)
+        for m in markers:
+            if any(before.endswith(m[:k]) and text.startswith(m[k:]) for k in range(1, len(m))):
+                return "\\u%04x" % ord(text[0]) + text[1:]
+        return text
 
     def members(self, items: list[tuple[str, Any]]) -> str:
         return self.item_sep.join(f"{json.dumps(k, ensure_ascii=False)}{self.key_sep}{self.dump(v)}" for k, v in items)
@@ -262,7 +268,7 @@ def complete(call: PartialCall, items: list[tuple[str, Any]], fmt: CallFormat) -
     if stage == "string":
         if not isinstance(value, str) or not value.startswith(call.partial):
             return None
-        return fmt.string_tail(value[len(call.partial) :]) + '"' + after
+        return fmt.string_tail(value[len(call.partial) :], call.partial) + '"' + after
     return None
 
 

@@ -1,6 +1,7 @@
 """Incremental readers of a call's text for the boundary tracker (policies/tracker.py):
 each `feed(text)` returns the `("tool_name", name)` and `("argument_key", key)`
-crossings in the new text, in O(the new text).
+crossings in the new text (and `("call_opened", "")` where a further call of the same
+section begins), in O(the new text).
 
 - `CallScanner`: a JSON object scan (the Hermes body `{"name": ..., "arguments": {...}}`,
   or, primed with `arguments_object()`, a bare arguments object);
@@ -113,7 +114,9 @@ class JsonCallsScanner:
     def __init__(self, fmt: Any) -> None:
         self.fmt = fmt
         self.buf = ""
-        self.state = "head"  # head | opener | args | between
+        # head | opener | args | between (a section that opens with the call marker: before it)
+        self.state = "between" if fmt.leading_split else "head"
+        self.calls = 0  # calls begun
         self.inner: CallScanner | None = None
 
     def feed(self, text: str) -> list[tuple[str, str]]:
@@ -139,6 +142,8 @@ class JsonCallsScanner:
                     self.buf = self.buf[-len(fmt.split_find):]
                     break
                 text, self.buf, self.state = self.buf[j + len(fmt.split_find):], "", "head"
+                if self.calls:
+                    found.append(("call_opened", ""))
                 continue
             if self.state == "head":
                 s = self.buf.lstrip()
@@ -148,6 +153,7 @@ class JsonCallsScanner:
                 if m is None or m.end() >= len(s):
                     break
                 found.append(("tool_name", fmt.name_of(m)))
+                self.calls += 1
                 self.buf, self.state = s[m.end():], "opener"
             brace = self.buf.find("{")
             if brace < 0:
