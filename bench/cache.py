@@ -41,7 +41,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from jumpahead.engine.interface import Engine
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 TRACE = SHARED / "traces/public/mini-swe-agent/marshmallow-code__marshmallow-1343.traj.json"
@@ -102,7 +105,7 @@ def pick_turn(tokenizer: Any, messages: list[dict[str, Any]], context: int) -> i
 # --- timing ------------------------------------------------------------------------------
 
 
-def timed(engine: Any, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+def timed(engine: "Engine", prompt: list[int], max_tokens: int) -> dict[str, Any]:
     """Run one request; time to its first chunk, its tokens and cached prompt tokens."""
     from jumpahead.engine.types import GenerationRequest
 

@@ -26,7 +26,10 @@ import asyncio
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from jumpahead.engine.interface import Engine
 
 HEAD = 256  # tokens kept from the start of a cut session (the system prompt's beginning)
 
@@ -60,7 +63,7 @@ def session_prompt(tokenizer: Any, context: int, trace: Path | None = None) -> t
     return ids, source
 
 
-def ours(engine: Any, prompt: list[int], n: int) -> dict[str, Any]:
+def ours(engine: "Engine", prompt: list[int], n: int) -> dict[str, Any]:
     from jumpahead.engine.types import GenerationRequest
 
     async def go() -> tuple[tuple[float, float], list[tuple[float, float]], list[int]]:

@@ -30,7 +30,10 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from jumpahead.engine.interface import Engine
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 PUBLIC = SHARED / "traces" / "public"
@@ -44,7 +47,7 @@ SESSIONS = (
 ARMS = ("off", "budget", "forecast")
 
 
-def plan_turns(engine: Any, sessions: list[Any], per_session: int, context: int, max_output: int,
+def plan_turns(engine: "Engine", sessions: list[Any], per_session: int, context: int, max_output: int,
                progress: Callable[[str], None]) -> list[list[dict[str, Any]]]:
     """Per session, its last `per_session` eligible turns (oldest first), each with its
     prompt window, record and the recent lengths of its full history."""
@@ -82,7 +85,7 @@ def batches_of(per_session: list[list[dict[str, Any]]], size: int, count: int) -
     return out
 
 
-async def _run_batch(engine: Any, batch: list[dict[str, Any]], arm: str, budget: int) -> dict[str, Any]:
+async def _run_batch(engine: "Engine", batch: list[dict[str, Any]], arm: str, budget: int) -> dict[str, Any]:
     from jumpahead.engine.methods import SERVER_DEFAULT
     from jumpahead.proxy.exchange import Exchange
     from jumpahead.proxy.runner import complete_turn, prepare_turn

@@ -56,7 +56,9 @@ class Method:
     `factory(engine, request)` builds the row's proposer from the in-process engine
     (engine/engine.py: its config, its draft model); None where something else supplies
     the tokens (strict fill: engine/strict.py; jumps: policies; scripted: proxy/script.py).
-    `needs(engine)` says why this engine cannot run the method (None: it can)."""
+    `needs(engine)` says why this engine cannot run the method (None: it can). The
+    proposer's `name` is its kind: the scheduler skips verified proposers by name where
+    no verified token can pay (engine/scheduler.py)."""
 
     name: str
     kind: str  # the TokenKind its tokens carry
