@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 import mlx.core as mx
 import numpy as np
 
-from .row_cache import STEP, RowKVCache
+from .row_cache import STEP, DiskPiece, RowKVCache
 from .ssd_cache import CorruptEntry, SsdFile, SsdStore
 
 if TYPE_CHECKING:
@@ -110,7 +110,8 @@ class Hit:
     """The longest cached prefix of a request: `length` tokens, KV in `pieces`."""
 
     length: int = 0
-    pieces: list[mx.array] = field(default_factory=list)  # [L,2,H,n,D] covering [0, length)
+    # covering [0, length): [L,2,H,n,D] arrays, or DiskPieces (read into the row at install)
+    pieces: list[mx.array | DiskPiece] = field(default_factory=list)
     companions: dict[str, tuple[int, dict[str, mx.array]]] = field(default_factory=dict)
     ssd_tokens: int = 0  # of `length`, tokens whose KV was read from disk for this hit
 
@@ -129,8 +130,12 @@ class PrefixCache:
         ssd: SsdStore | None = None,
         wake: Callable[[], None] | None = None,
         exact: bool = False,
+        read_in_place: bool = True,
     ) -> None:
         self.ram_budget = int(ram_bytes)
+        # A hit on a file not yet in RAM reads it straight into the row (ssd `read_kv_into`);
+        # False promotes it to RAM first, as a hit on part of a file always does.
+        self.read_in_place = read_in_place
         self.ssd = ssd
         self.root = Node(np.zeros(0, np.int32), 0, None)
         self.hooks: list[CompanionHook] = []
@@ -157,14 +162,24 @@ class PrefixCache:
     def on_prefill_start(self, row: "Row") -> None:
         """Start `row` from the longest cached prefix of its prompt (fresh prefill cache)."""
         cache = row.prefill_cache
+        hit = Hit()
         try:
             prompt = row.prompt
-            hit = self.lookup(prompt, limit=len(prompt) - 1)
             self.counters["prompt_tokens"] += len(prompt)
-            if hit.length == 0:
-                return
             capacity = ((len(prompt) + STEP) // STEP) * STEP
-            self.install(hit, cache, capacity)
+            for _ in range(8):  # a file found bad while read in place is dropped: look again
+                hit = self.lookup(prompt, limit=len(prompt) - 1)
+                if hit.length == 0:
+                    return
+                try:
+                    self.install(hit, cache, capacity)
+                    break
+                except CorruptEntry:
+                    self._not_a_hit(hit)
+                    hit = Hit()
+                    self._reset(cache)
+            else:
+                return
             state = hit.companions.get(RECURRENT)
             if cache.snapshots:  # exact: the hit ends where this snapshot was taken
                 if state is None or state[0] != hit.length:
@@ -178,10 +193,27 @@ class PrefixCache:
                     hook.restore(row, state[1], state[0])
         except Exception:  # the cache is an optimization: fall back to a full prefill
             log.exception("prompt cache: lookup failed; prefilling from scratch")
-            fresh = type(cache)(cache.layout)
-            cache.__dict__.update({k: v for k, v in fresh.__dict__.items() if k != "key_widths"})
-            cache.ends = [0]
+            self._not_a_hit(hit)
+            self._reset(cache)
             row.prefilled = row.cached_tokens = 0
+
+    def _not_a_hit(self, hit: Hit) -> None:
+        """Take back what `lookup` counted for a hit that was not installed."""
+        if not hit.length:
+            return
+        with self._lock:
+            self.counters["hits"] -= 1
+            self.counters["hit_tokens"] -= hit.length
+            if hit.ssd_tokens:
+                self.counters["ssd_hits"] -= 1
+                self.counters["ssd_hit_tokens"] -= hit.ssd_tokens
+            self.counters["failed_hits"] += 1
+
+    @staticmethod
+    def _reset(cache: RowKVCache) -> None:
+        fresh = type(cache)(cache.layout)
+        cache.__dict__.update({k: v for k, v in fresh.__dict__.items() if k != "key_widths"})
+        cache.ends = [0]
 
     def on_prompt_done(self, row: "Row") -> None:
         """Publish the prompt once it is all in the row's prefill cache."""
@@ -223,8 +255,12 @@ class PrefixCache:
             for _ in range(64):  # each retry dropped a bad file
                 path, m = self._match(q)
                 files = sorted({n.disk[0] for n, _ in path if n.kv is None}, key=lambda f: f.start)
+                in_place = {f for f in files if self._in_place(f, path)}
                 ok = True
                 for f in files:
+                    if f in in_place:  # read straight into the row's buffers at install
+                        ssd_tokens += f.end - f.start
+                        continue
                     loaded = self._promote(f)
                     if loaded < 0:
                         ok = False
@@ -242,6 +278,9 @@ class PrefixCache:
             pieces = []
             companions: dict[str, tuple[int, dict[str, mx.array]]] = {}
             for node, k in path:
+                if node.kv is None:  # a file read in place (`_in_place`)
+                    pieces.append(self._disk_piece(node.disk[0]))
+                    continue
                 pieces.append(node.kv if k == len(node.label) else node.kv[:, :, :, :k, :])
                 if k == len(node.label):
                     for name, c in node.companions.items():
@@ -256,6 +295,33 @@ class PrefixCache:
                 self.counters["ssd_hit_tokens"] += ssd_tokens
             self._evict_ram()  # promotions may have pushed RAM over budget; pieces stay alive
             return Hit(m, pieces, companions, ssd_tokens)
+
+    def _in_place(self, f: SsdFile, path: list[tuple[Node, int]]) -> bool:
+        """Whether a hit may read file f straight into the row's buffers instead of
+        promoting it to RAM first: the hit uses all of f, through one node, and f holds
+        plain KV (no snapshots: exact hits keep the promote path)."""
+        if not self.read_in_place or self.exact or not self.ssd.readable_in_place(f):
+            return False
+        used = [(n, k) for n, k in path if n.kv is None and n.disk is not None and n.disk[0] is f]
+        if len(used) != 1:
+            return False
+        n, k = used[0]
+        return n.disk[1] == 0 and k == len(n.label) == f.end - f.start
+
+    def _disk_piece(self, f: SsdFile) -> DiskPiece:
+        L, _, H, n, D = f.kv_shape
+
+        def read(dest) -> None:
+            try:
+                self.ssd.read_kv_into(f, dest)
+            except CorruptEntry as exc:
+                log.warning("prompt cache: skipping %s: %s (deleted)", f.name, exc)
+                with self._lock:
+                    self.counters["ssd_corrupt"] += 1
+                    self._drop_file(f)
+                raise
+
+        return DiskPiece(L, n, H, D, mx.float32 if f.kv_dtype == "F32" else mx.float16, read)
 
     def install(self, hit: Hit, cache: RowKVCache, capacity: int) -> None:
         """Write the hit into `cache` (a single-row cache) as new buffers of `capacity`."""

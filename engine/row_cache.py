@@ -31,8 +31,10 @@ mlx-lm's KVCache.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import mlx.core as mx
+import numpy as np
 
 from .cache_layout import FULL, LIST, RECURRENT, SLIDING, LayerKind
 from .kv_format import KVFormat
@@ -366,6 +368,40 @@ def _joined(parts: list[mx.array], pad: int) -> mx.array:
     return mx.concatenate(parts + [mx.zeros((H, pad, D), parts[0].dtype)], axis=1)[None]
 
 
+@dataclass(frozen=True)
+class DiskPiece:
+    """A segment of a prefix-cache hit still in its file: `read(dest)` fills
+    `dest(l, j)` ([H, length, D] views of the row's new buffers) from the file
+    (engine/ssd_cache.py `read_kv_into`), so a restart's hit costs about the read."""
+
+    layers: int
+    length: int
+    heads: int
+    width: int
+    dtype: mx.Dtype
+    read: Callable[[Callable[[int, int], np.ndarray]], None]
+
+    def load(self) -> mx.array:
+        """The segment as one [L,2,H,n,D] array (for a reader that is not a row)."""
+        out = mx.zeros((self.layers, 2, self.heads, self.length, self.width), self.dtype)
+        mx.eval(out)
+        host = np.asarray(out)
+        self.read(lambda l, j: host[l, j])
+        return out
+
+    def part(self, layer: int, j: int) -> mx.array:
+        """A placeholder of the part's shape in the buffers' join (overwritten by `read`)."""
+        return mx.zeros((self.heads, self.length, self.width), self.dtype)
+
+
+def _starts(pieces: list) -> list[tuple[int, object]]:
+    out, at = [], 0
+    for p in pieces:
+        out.append((at, p))
+        at += p.length if isinstance(p, DiskPiece) else p.shape[3]
+    return out
+
+
 def _take(a: mx.array | None, idx: mx.array) -> mx.array | None:
     return None if a is None else a[idx]
 
@@ -573,31 +609,38 @@ class RowKVCache:
         half = len(arrays) // 2
         return tuple(arrays[:half]), tuple(arrays[half:])
 
-    def install_segments(self, pieces: list[mx.array], length: int, capacity: int) -> None:
-        """Fill this single-row cache with `pieces` (segments covering [0, length))
-        as new buffers of `capacity` columns."""
+    def install_segments(self, pieces: list, length: int, capacity: int) -> None:
+        """Fill this single-row cache with `pieces` (segments covering [0, length): mlx
+        arrays [L,2|1,H,n,D'], or DiskPieces read from their file into the new buffers
+        once those exist) as new buffers of `capacity` columns."""
         pad = max(capacity - length, 1)
         stored = [i for i, layer in enumerate(self.attention) if not isinstance(layer, SlidingLayerCache)]
+        disk = [(at, p) for at, p in _starts(pieces) if isinstance(p, DiskPiece)]
+        if disk and (self.fmt is not None or any(not isinstance(p, DiskPiece) and p.shape[1] != 2 for p in pieces)):
+            raise ValueError("disk pieces need keys and values stored apart, unquantized")
         for l, a in enumerate(stored):
             layer = self.attention[a]
-            parts = [p[l] for p in pieces]  # each [2 or 1, H, n, D']
-            first = parts[0]
-            H = first.shape[1]
             if self.fmt is not None:  # "bytes" packing
-                keys, values = self._from_bytes(l, parts)
+                keys, values = self._from_bytes(l, [p[l] for p in pieces])
                 grow = lambda x: mx.pad(x[None], [(0, 0), (0, 0), (0, pad), (0, 0)])  # noqa: E731
                 layer.keys, layer.values = map_buffer(keys, grow), map_buffer(values, grow)
                 continue
-            if first.shape[0] == 2:
-                keys = [p[0] for p in parts]
-                values = [p[1] for p in parts]
+            if disk or pieces[0][l].shape[0] == 2:
+                keys = [p.part(l, 0) if isinstance(p, DiskPiece) else p[l, 0] for p in pieces]
+                values = [p.part(l, 1) if isinstance(p, DiskPiece) else p[l, 1] for p in pieces]
             else:
                 dk = self._key_width(a)
-                keys = [p[0, :, :, :dk] for p in parts]
-                values = [p[0, :, :, dk:] for p in parts]
+                keys = [p[l, 0, :, :, :dk] for p in pieces]
+                values = [p[l, 0, :, :, dk:] for p in pieces]
             layer.keys = _joined(keys, pad)
             layer.values = _joined(values, pad)
         self.ends = [length]
+        if disk:
+            mx.eval(self.arrays())  # the buffers exist; the files' bytes go straight into them
+            bufs = [(self.attention[a].keys, self.attention[a].values) for a in stored]
+            for at, p in disk:
+                views = [(np.asarray(k)[0], np.asarray(v)[0]) for k, v in bufs]
+                p.read(lambda l, j: views[l][j][:, at : at + p.length, :])
 
     def _key_width(self, layer: int) -> int:
         dk = getattr(self, "key_widths", None)

@@ -26,7 +26,7 @@ import pytest
 
 from jumpahead.engine.engine import Engine, EngineConfig
 from jumpahead.engine.prefix_cache import PrefixCache
-from jumpahead.engine.row_cache import RowKVCache
+from jumpahead.engine.row_cache import DiskPiece, RowKVCache
 from jumpahead.engine.ssd_cache import SsdStore
 from jumpahead.engine.types import GenerationRequest
 from tests.oracle import assert_same_or_near_tie
@@ -92,7 +92,8 @@ def expected_kv(cache: RowKVCache, lo: int, hi: int) -> np.ndarray:
 
 
 def hit_kv(hit) -> np.ndarray:
-    return np.concatenate([np.array(p) for p in hit.pieces], axis=3)
+    # a piece still on disk (DiskPiece) is read the way a row's install reads it
+    return np.concatenate([np.array(p.load() if isinstance(p, DiskPiece) else p) for p in hit.pieces], axis=3)
 
 
 def span(a: mx.array) -> tuple[int, int]:
@@ -520,3 +521,49 @@ def test_bench_session_and_billing_header_measure(loaded_model):
     # a different value on the first system line leaves only the first few tokens reusable
     assert effect["variants"]["fingerprint_changed"]["shared_prefix_tokens"] < 64 < n // 100
     assert effect["header_stripped_by_proxy"]["shared_prefix_tokens"] == effect["header_stripped_by_proxy"]["prompt_tokens"]
+
+
+def test_restart_hit_reads_whole_files_in_place_and_survives_a_bad_one(tmp_path):
+    """After a restart, files a hit uses whole are read straight into the row's buffers
+    (no RAM copy is made: ram_bytes stays 0); a file whose checksum fails during that read
+    is dropped and the hit falls back to the intact part, counted once and only as that."""
+    from types import SimpleNamespace
+
+    x = list(range(1000, 1100))
+    y = x + list(range(7000, 7060))
+    cx, cy = fake_cache(100, seed=1), fake_cache(160, seed=2)
+    pc = PrefixCache(1 << 30, SsdStore(tmp_path / "pc", "fp", "test", cap_bytes=1 << 30))
+    pc.insert(x, cx, 0)
+    pc.insert(y, cy, 0)  # stores only [100, 160) of cy
+    assert pc.flush(timeout=30, inline=True) and len(pc.files) == 2
+    pc.close()
+    want = np.concatenate([expected_kv(cx, 0, 100), expected_kv(cy, 100, 160)], axis=3)
+
+    def restart_and_hit():
+        again = PrefixCache(1 << 30, SsdStore(tmp_path / "pc", "fp", "test", cap_bytes=1 << 30))
+        row = SimpleNamespace(prompt=y + [1, 2], prefill_cache=RowKVCache(2), prefilled=0, cached_tokens=0)
+        again.on_prefill_start(row)
+        got = np.stack([np.stack([np.array(l.keys[0, :, : row.cached_tokens]), np.array(l.values[0, :, : row.cached_tokens])])
+                        for l in row.prefill_cache.layers])
+        return again, row, got
+
+    pc, row, got = restart_and_hit()
+    c = pc.counters
+    assert row.cached_tokens == 160 and np.array_equal(got, want)
+    assert pc.ram_bytes == 0, "the files went into the row, not through RAM entries"
+    assert pc.ssd.counters["ssd_loads"] == 2 and c["hits"] == 1 and c["ssd_hit_tokens"] == 160
+    assert pc.ssd.counters["ssd_load_bytes"] == want.nbytes
+    assert row.prefill_cache.layers[0].keys.shape[2] >= len(row.prompt), "room for the rest of the prompt"
+    pc.close()
+
+    (bad,) = (tmp_path / "pc").glob(f"{100:08d}-{160:08d}-*.safetensors")
+    lo, hi = _kv_region(bad)
+    with open(bad, "r+b") as fh:
+        fh.seek(hi - 16)
+        fh.write(b"\xff" * 16)
+    pc, row, got = restart_and_hit()
+    c = pc.counters
+    assert row.cached_tokens == 100 and np.array_equal(got, want[:, :, :, :100])
+    assert not bad.exists() and c["ssd_corrupt"] == 1 and c["failed_hits"] == 1
+    assert c["hits"] == 1 and c["hit_tokens"] == 100 and c["ssd_hit_tokens"] == 100
+    pc.close()
