@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -148,30 +147,29 @@ def _remaining(call: Any, args: dict) -> list[tuple[str, Any]]:
 @pytest.mark.parametrize("family", [*ALL, "deepseek_r1"])
 def test_completion_from_every_prefix(tokenizers, family):
     fam = TABLE[family]
-    calls = [("add", {"a": 2, "b": 3}), content_call(family)]  # the second call of a section
+    calls = [("add", {"a": 2, "b": 3}), content_call(family)]
+    if family in ("hermes", "qwen3_coder", "glm"):  # one call between each pair of markers
+        calls = calls[1:]
     text = fam.write(calls)
     body = text[len(fam.start):]
-    if family in ("hermes", "qwen3_coder", "glm"):  # one call per pair of markers
-        text = fam.write(calls[1:])
-        body = text[len(fam.start):]
-    first = len(body) - len(fam.write(calls[1:])) + len(fam.start) if family not in ("hermes", "qwen3_coder", "glm") else 0
+    # where the calls share a section, the prefixes run through the second call
+    first = len(body) - len(fam.write(calls[-1:])) + len(fam.start) if len(calls) > 1 else 0
     read = 0
-    for k in range(max(first, 0), len(body)):
+    for k in range(first, len(body)):
         prefix = body[:k]
         call = fam.read(prefix)
         if call is None:
             continue
         read += 1
         assert call.name == "write", (family, prefix)
-        done = fam.complete(call, _remaining(call, calls[1][1]), fam.layout(prefix))
+        done = fam.complete(call, _remaining(call, calls[-1][1]), fam.layout(prefix))
         assert done is not None, (family, prefix, call)
         whole = fam.start + prefix + done
         if family == "deepseek_r1":
             got = [(c["name"], c["arguments"]) for c in fam.parse(whole[len(fam.start):], TOOLS)]
         else:
             got = server_parse(tokenizers[family], whole)
-        want = calls if family not in ("hermes", "qwen3_coder", "glm") else calls[1:]
-        assert got == [as_parsed(family, c) for c in want], (family, prefix, done)
+        assert got == [as_parsed(family, c) for c in calls], (family, prefix, done)
         # the template's own text (a marker inside a string may be escaped once more)
         assert unescaped(whole) == unescaped(text), (family, prefix, done)
     assert read > len(CONTENT), (family, read)  # every position inside the content reads
@@ -234,10 +232,8 @@ def test_online_and_oracle_jumps_write_the_family_format(tokenizers, family):
     call = content_call(family)
     full = fam.write([call])
     lead = STATED + "\n"
-    for extra in ("", " " if family not in ("glm",) else ""):  # at the key, and a character on
-        output = lead + full[:_cut(family, full)] + extra
-        if extra and not full.startswith(full[:_cut(family, full)] + extra):
-            continue
+    for step in (0, 1):  # just past the content key, and a character further
+        output = lead + full[:_cut(family, full) + step]
         event = _event(tok, family, output)
         iv = _policy(Jump, tok).on_boundary(event)
         assert iv is not None and iv.kind == "jump", (family, output)
@@ -252,10 +248,9 @@ def test_online_and_oracle_jumps_write_the_family_format(tokenizers, family):
     # the oracle stops at content it could not have copied: only the structure comes
     novel = ("write", {"path": "hello.py", "content": "def brand_new_function(argument_one):\n    return 4242"})
     recorded = "I will create hello.py now.\n" + fam.write([novel])
-    output = recorded[: recorded.index(fam.start) + len(fam.start) + _cut(family, fam.write([novel]))]
+    output = recorded[: recorded.index(fam.start) + _cut(family, fam.write([novel]))]
     ov = _policy(OracleJump, tok, {"jumpahead": {"oracle_output": recorded}}).on_boundary(_event(tok, family, output))
-    if ov is not None:
-        assert "brand" not in ov.text and recorded.startswith(output + ov.text)
+    assert ov is not None and ov.text and "def" not in ov.text and recorded.startswith(output + ov.text), ov
 
 
 # --- jumps end to end through the engine ------------------------------------------------------------

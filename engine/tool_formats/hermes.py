@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .base import EarlierCall, PartialCall, ToolFamily
+from .base import EarlierCall, Format, PartialCall, ToolFamily
 from .partial import DEFAULT_END, DEFAULT_START, CallFormat, complete, parse_partial
 from .scan import CallScanner
 
 
-class HermesFormat:
+class HermesFormat(Format):
     family = "hermes"
     start, end = DEFAULT_START, DEFAULT_END
 

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .base import EarlierCall, PartialCall
+from .base import EarlierCall, Format, PartialCall
 
 DEFAULT_START = "<tool_call>"
 DEFAULT_END = "</tool_call>"
@@ -281,7 +281,7 @@ def _squeeze(text: str) -> str:
     return _SPACE.sub("", text)
 
 
-class JsonFormat:
+class JsonFormat(Format):
     """A family whose call is `head NAME opener {arguments} closer`, calls one after
     another (`split` before each further call, or before each call where the parser's
     start marker opens a section: `leading_split`), `section_end` after the last.

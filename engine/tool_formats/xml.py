@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .base import EarlierCall, PartialCall
+from .base import EarlierCall, Format, PartialCall
 from .partial import calls_in
 
 
@@ -25,7 +25,7 @@ def _held(text: str, closer: str) -> str:
     return text
 
 
-class XmlFormat:
+class XmlFormat(Format):
     """`start + head(name) + (key_open KEY key_close value_open VALUE value_close)* + tail`."""
 
     def __init__(self, family: str, *, start: str, end: str, name_open: str, name_close: str,
