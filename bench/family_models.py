@@ -61,6 +61,13 @@ CONFIGS: dict[str, dict] = {
                     "num_experts_per_tok": 2, "kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 8,
                     "v_head_dim": 16, "qk_nope_head_dim": 16, "first_k_dense_replace": 1, "n_group": 1,
                     "topk_group": 1},
+    # chunked local attention (3 of 4 layers; mlx-lm's ChunkedKVCache) + global NoPE
+    # layers with attention temperature tuning, MoE every other layer
+    "llama4": {"model_type": "llama4", "text_config": {
+        **_BASE, "model_type": "llama4_text", "num_hidden_layers": 4, "attention_bias": False,
+        "attention_chunk_size": 2 * WINDOW, "interleave_moe_layer_step": 2, "intermediate_size_mlp": 96,
+        "num_experts_per_tok": 1, "num_local_experts": 4, "rope_scaling": None, "use_qk_norm": True,
+        "attn_temperature_tuning": True, "floor_scale": 8}},
     # a CacheList per layer: Mamba-2 state and attention side by side
     "falcon_h1": {**_BASE, "model_type": "falcon_h1", "num_hidden_layers": 2, "mamba_d_conv": 4,
                   "mamba_d_head": 16, "mamba_d_ssm": 64, "mamba_d_state": 16, "mamba_expand": 2,

@@ -24,6 +24,7 @@ FULL = "full"  # every key stays visible (plain attention, MLA latents)
 SLIDING = "sliding"  # a query sees the last `window` keys
 RECURRENT = "recurrent"  # fixed-size state arrays (conv state, DeltaNet / SSM state)
 LIST = "list"  # several of the above in one layer (CacheList)
+CHUNKED = "chunked"  # a query sees the keys of its own chunk of `window` positions (Llama 4)
 
 
 class UnsupportedModel(ValueError):
@@ -33,7 +34,7 @@ class UnsupportedModel(ValueError):
 @dataclass(frozen=True)
 class LayerKind:
     kind: str
-    window: int | None = None  # SLIDING: keys visible to a query (mlx-lm max_size)
+    window: int | None = None  # SLIDING: keys visible to a query (mlx-lm max_size); CHUNKED: chunk size
     size: int = 0  # RECURRENT: number of state arrays
     children: tuple["LayerKind", ...] = field(default=())  # LIST
 
@@ -44,7 +45,7 @@ def kind_of(cache: Any, where: str = "") -> LayerKind:
     if isinstance(cache, CacheList):
         return LayerKind(LIST, children=tuple(kind_of(c, where) for c in cache.caches))
     if isinstance(cache, ChunkedKVCache):  # before KVCache: it subclasses it
-        raise UnsupportedModel(f"{where}cache class {name} (chunked local attention) is not supported by the engine")
+        return LayerKind(CHUNKED, window=int(cache.chunk_size))
     if isinstance(cache, RotatingKVCache):
         if getattr(cache, "keep", 0):
             raise UnsupportedModel(
@@ -72,6 +73,14 @@ def leaves(layout: list[LayerKind]) -> list[LayerKind]:
     for k in layout:
         out.extend(leaves(list(k.children)) if k.kind == LIST else [k])
     return out
+
+
+def single_row(layout: list[LayerKind]) -> bool:
+    """Whether the model's forward serves one row at a time. mlx-lm's chunked-attention
+    model (llama4) builds its chunk mask and its attention temperature from one offset
+    (`cache[0].offset`, `mx.arange(offset, ...)`), which rows at different positions
+    cannot share; so such a model runs its rows one after another (max_batch 1)."""
+    return any(k.kind == CHUNKED for k in leaves(layout))
 
 
 def has_recurrent(layout: list[LayerKind]) -> bool:

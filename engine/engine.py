@@ -9,12 +9,13 @@ import secrets
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator, Callable
 
 import mlx.core as mx
 
 from .blas import blas_info
+from .cache_layout import single_row
 from .logprobs import MAX_TOP_LOGPROBS
 from .kv_format import KVFormat
 from . import methods
@@ -77,6 +78,10 @@ class Engine:
         self.tokenizer = tokenizer
         self.info = info
         self.runner = ModelRunner(model, self.config.kv_format)
+        if single_row(self.runner.layout) and self.config.max_batch > 1:
+            log.warning("%s: chunked-attention layers: rows are served one at a time (max_batch 1)",
+                        self.runner.model_type)
+            self.config = replace(self.config, max_batch=1)
         self.context_length = self.runner.context_length
         self.scheduler = Scheduler(
             self.runner,

@@ -23,7 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import attention
-from .cache_layout import UnsupportedModel, has_recurrent, model_layout, padding_safe, summary
+from .cache_layout import UnsupportedModel, has_recurrent, model_layout, padding_safe, single_row, summary
 from .kv_format import KVFormat
 from .ragged import MIN_PADS, ragged_hidden, supports_ragged
 from .row_cache import RowKVCache
@@ -87,8 +87,11 @@ class ModelRunner:
         out = summary(self.layout)
         out.update({"model_type": self.model_type, "split_head": self.split, "ragged": self.ragged,
                     "verifies": self.trimmable,
+                    # chunked attention (cache_layout.single_row): rows are served one at a time
+                    "one_row_per_forward": single_row(self.layout),
                     "kv_cache": {**(self.kv_format.describe() if self.kv_format else {"format": "full"}),
-                                 "bytes_per_token": self.kv_bytes_per_token}})
+                                 "bytes_per_token": self.kv_bytes_per_token,
+                                 "sliding_window_bytes_per_row": self.window_bytes}})
         return out
 
     def _probe(self) -> None:
@@ -101,9 +104,13 @@ class ModelRunner:
         full = self.model(tokens, cache=cache.layers)
         mx.eval(full)
         self.key_widths = [l.buffers()[0].shape[-1] if l.keys is not None else 0 for l in cache.attention]
-        # one row's KV bytes per cached token, every attention layer (/health)
-        self.kv_bytes_per_token = sum(a.shape[1] * a.shape[-1] * a.dtype.size for l in cache.attention
-                                      for a in l.buffers())
+        # one row's KV bytes per cached token: the layers that keep every token (/health);
+        # a sliding layer keeps a ring of its window (plus the widest forward) instead,
+        # whatever the context: `window_bytes` per row for its window
+        per_token = lambda layers: sum(a.shape[1] * a.shape[-1] * a.dtype.size  # noqa: E731
+                                       for l in layers for a in l.buffers())
+        self.kv_bytes_per_token = per_token(cache.stored)
+        self.window_bytes = sum(per_token([l]) * l.window for l in cache.windowed)
         # each stored layer's arrays (width, dtype): how byte-packed segments unpack
         self.part_specs = [[(a.shape[-1], a.dtype) for a in l.buffers()] for l in cache.stored]
         # how the prefix cache packs a row's attention KV (None: it cannot; see RowKVCache)

@@ -36,7 +36,7 @@ from typing import Callable
 import mlx.core as mx
 import numpy as np
 
-from .cache_layout import FULL, LIST, RECURRENT, SLIDING, LayerKind
+from .cache_layout import CHUNKED, FULL, LIST, RECURRENT, SLIDING, LayerKind
 from .kv_format import KVFormat
 
 STEP = 256  # sequence-axis growth quantum, as in mlx-lm
@@ -60,8 +60,10 @@ class ForwardPlan:
     # token_rows[t] at position token_pos[t] (engine/ragged.py); set by its layout.
     token_rows: list[int] | None = None
     token_pos: list[int] | None = None
+    # Sliding layers' ring sizes for this forward, by window (RowKVCache.begin)
+    rings: dict[int, int] = field(default_factory=dict)
     _flat: dict[tuple[int, int], mx.array] = field(default_factory=dict)
-    _windows: dict[tuple[int, bool], tuple[int, mx.array | None]] = field(default_factory=dict)
+    _windows: dict[tuple[int, bool | str], tuple[int, mx.array | None]] = field(default_factory=dict)
     _lengths: mx.array | None = None
     _causal: mx.array | None = None
 
@@ -98,6 +100,33 @@ class ForwardPlan:
                 mask = ((cols <= p) & (cols > p - size))[:, None, :, :]  # [B or 1, 1, W, S - lo]
             found = self._windows[key] = (lo, mask)
         return found
+
+    def wraps(self, size: int) -> bool:
+        """Whether sliding layers of window `size` hold positions modulo their ring in
+        this forward (some row reaches past the ring's length)."""
+        ring = self.rings.get(size)
+        return ring is not None and self.span > ring
+
+    def ring_mask(self, size: int) -> mx.array:
+        """[B,1,W,K] mask over a ring of K slots where position x lives at slot x % K.
+
+        Slot s holds, for row b, the latest position x <= last_b (the row's last
+        position in this forward) with x = s (mod K); a query at p sees it when
+        p - size < x <= p. The ring is at least `size + width - 1` long, so a slot
+        overwritten by padding or by a proposal rolled back later only ever held a
+        position no query of the row can see again (RowKVCache.begin)."""
+        key = (size, "ring")
+        found = self._windows.get(key)
+        if found is None:
+            K = self.rings[size]
+            starts = mx.array(self.starts, dtype=mx.int32)[:, None, None]  # [B,1,1]
+            p = starts + mx.arange(self.width, dtype=mx.int32)[None, :, None]  # [B,W,1]
+            last = starts + (self.width - 1)
+            s = mx.arange(K, dtype=mx.int32)[None, None, :]
+            x = last - ((last - s) % K)  # [B,1,K]
+            mask = ((x >= 0) & (x <= p) & (x > p - size))[:, None, :, :]
+            found = self._windows[key] = (0, mask)
+        return found[1]
 
     def causal_array(self) -> mx.array | str | None:
         """The plan's mask as an array (models that combine it with scores of their own)."""
@@ -182,7 +211,9 @@ class LayerCache:
         if window_size is not None:
             # The model builds one windowed mask (from a sliding layer's cache) for all
             # its layers with that window: it covers the columns those layers return.
-            return plan.window(window_size, sliced=self._slices(window_size))[1]
+            if plan.wraps(window_size):
+                return plan.ring_mask(window_size)
+            return plan.window(window_size, sliced=self._slices(window_size) or window_size in plan.rings)[1]
         return plan.causal_array() if return_array else plan.mask
 
     def _slices(self, window: int) -> bool:
@@ -273,11 +304,25 @@ class LayerCache:
 
 
 class SlidingLayerCache(LayerCache):
-    """A sliding-window attention layer: full buffers, windowed reads (module docstring)."""
+    """A sliding-window attention layer kept as a ring: position x of a row lives at slot
+    x % K, K = the buffers' length, at least window + the widest forward - 1 (grown,
+    re-rolled, when a wider forward comes). So its memory is bounded by the window, not
+    the context, and a rollback after a rejected proposal still never needs an evicted
+    key (see ForwardPlan.ring_mask). While no row reaches past K, slots are positions
+    and the forward reads only the columns some row's window reaches, as a full layer's."""
 
     def __init__(self, window: int, fmt: KVFormat | None = None) -> None:
         super().__init__(fmt)
         self.window = window
+
+    def ring_size(self, span: int, width: int) -> int:
+        """K for a forward of `width` tokens reaching `span`: never shrinks; grows in
+        steps of min(STEP, window), so a short window's ring stays short."""
+        return max(self.capacity, self.rounded(min(span, self.window + width - 1)))
+
+    def rounded(self, n: int) -> int:
+        step = min(STEP, self.window)
+        return ((n + step - 1) // step) * step
 
     def _slices(self, window: int) -> bool:
         return window == self.window
@@ -288,10 +333,88 @@ class SlidingLayerCache(LayerCache):
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
         # A model asking a sliding layer's cache for its mask without naming the window
         # gets the layer's own window (mlx-lm's RotatingKVCache does the same).
-        return self.plan.window(window_size or self.window)[1]
+        return super().make_mask(n, return_array, window_size or self.window)
+
+    def _reserve(self, B, H, span, keys, values) -> None:
+        K = self.plan.rings[self.window]
+        if self.keys is None:
+            zeros = lambda n: mx.zeros((B, H, K, n.shape[-1]), n.dtype)  # noqa: E731
+            self.keys, self.values = map_buffer(keys, zeros), map_buffer(values, zeros)
+            return
+        self.resize(K, self.plan.starts)
+
+    def resize(self, size: int, ends: list[int]) -> None:
+        """Grow the ring to `size` slots, each row's positions [end - old K, end)
+        moved to their new slots (positions at or past a row's end are not kept)."""
+        K = self.capacity
+        if self.keys is None or K >= size:
+            return
+        if max(ends) <= K:  # nothing wrapped: slots are positions
+            self.fit(size)
+            return
+        e = mx.array(ends, dtype=mx.int32)[:, None] - 1  # [B,1]: each row's last position
+        s = mx.arange(size, dtype=mx.int32)[None, :]
+        x = e - ((e - s) % size)  # the position new slot s holds
+        held = (x >= 0) & (x > e - K)
+        src = mx.where(held, x % K, 0)[:, None, :, None]  # [B,1,size,1]
+        keep = held[:, None, :, None]
+
+        def roll(a: mx.array) -> mx.array:
+            idx = mx.broadcast_to(src, (a.shape[0], a.shape[1], size, 1))
+            return mx.where(keep, mx.take_along_axis(a, idx, axis=2), mx.zeros((), a.dtype))
+
+        self.keys, self.values = map_buffer(self.keys, roll), map_buffer(self.values, roll)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        plan = self.plan
+        if not plan.wraps(self.window):
+            return super().update_and_fetch(keys, values)
+        B, H, W, _ = keys.shape
+        keys, values = self._encode(keys, values)
+        self._reserve(B, H, plan.span, keys, values)
+        K = self.capacity
+        pos = mx.array(plan.starts, dtype=mx.int32)[:, None] + mx.arange(W, dtype=mx.int32)[None, :]
+        idx = (pos % K)[:, None, :, None]  # [B,1,W,1]
+        put = lambda a, n: mx.put_along_axis(a, mx.broadcast_to(idx, n.shape), n, axis=2)  # noqa: E731
+        self.keys = _each2(self.keys, keys, put)
+        self.values = _each2(self.values, values, put)
+        return self.keys, self.values
+
+    def slots(self, lo: int, end: int) -> mx.array:
+        """The slots of positions [lo, end) of a row, in position order."""
+        return mx.arange(lo, end, dtype=mx.int32) % max(self.capacity, 1)
 
     def update_tokens(self, keys, values):  # the ragged path serves only full layers
         raise NotImplementedError("sliding-window layers take the padded forward")
+
+
+class ChunkedLayerCache(LayerCache):
+    """A chunked-attention layer (mlx-lm's ChunkedKVCache, Llama 4): every key kept, as
+    a full layer's (so rollback and the prefix cache work as there); a query sees the
+    keys of its own chunk. The model computes that mask itself from `start_position`
+    (0 here: keys are never trimmed) and `offset`, one for the batch: such a model is
+    served one row at a time (cache_layout.single_row)."""
+
+    def __init__(self, chunk: int, fmt: KVFormat | None = None) -> None:
+        super().__init__(fmt)
+        self.chunk_size = chunk
+        self.start_position = 0
+
+    def maybe_trim_front(self) -> None:  # mlx-lm's ChunkedKVCache drops old chunks; we keep them
+        return None
+
+    @property
+    def offset(self) -> int:
+        plan = self.plan
+        if not plan.uniform:
+            raise RuntimeError("chunked-attention layers serve one row at a time")
+        return plan.starts[0]
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
+        plan = self.plan
+        pos = mx.array(plan.starts, dtype=mx.int32)[:, None, None] + mx.arange(plan.width, dtype=mx.int32)[None, :, None]
+        cols = mx.arange(plan.span, dtype=mx.int32)[None, None, :]
+        return ((cols <= pos) & (cols // self.chunk_size == pos // self.chunk_size))[:, None]
 
 
 class RecurrentLayerCache:
@@ -345,6 +468,8 @@ def _build(kind: LayerKind, fmt: KVFormat | None = None):
         return LayerCache(fmt)
     if kind.kind == SLIDING:
         return SlidingLayerCache(int(kind.window), fmt)
+    if kind.kind == CHUNKED:
+        return ChunkedLayerCache(int(kind.window), fmt)
     if kind.kind == RECURRENT:
         return RecurrentLayerCache(kind.size)
     if kind.kind == LIST:
@@ -444,6 +569,8 @@ class RowKVCache:
         """Prepare a forward of `width` tokens per row, written at each row's end
         (`lengths`: real tokens per row when rows are padded to `width`)."""
         plan = plan_forward(self.ends if starts is None else starts, width, explicit, lengths)
+        for layer in self.windowed:  # layers of one window grow together: one size each
+            plan.rings.setdefault(layer.window, layer.ring_size(plan.span, width))
         for layer in self.leaves:
             layer.plan = plan
         return plan
@@ -475,6 +602,9 @@ class RowKVCache:
                 zeros = lambda a: mx.zeros((self.size, *a.shape[1:]), a.dtype)  # noqa: E731
                 mine.keys, mine.values = map_buffer(theirs.keys, zeros), map_buffer(theirs.values, zeros)
             cap = max(mine.capacity, theirs.capacity)
+            if isinstance(mine, SlidingLayerCache):  # rings: each row's positions re-rolled
+                mine.resize(cap, self.ends)
+                theirs.resize(cap, other.ends)
             mine.fit(cap)
             theirs.fit(cap)
             join = lambda a, b: mx.concatenate([a, b], axis=0)  # noqa: E731
@@ -665,7 +795,7 @@ class RowKVCache:
                 for name, buf in (("k", layer.keys), ("v", layer.values)):
                     for c, a in enumerate(_parts(buf)):  # quantized: "w<i>.k0" .. "w<i>.k2"
                         key = f"w{i}.{name}{c}" if isinstance(buf, tuple) else f"w{i}.{name}"
-                        out[key] = mx.contiguous(a[index : index + 1, :, lo:end, :])
+                        out[key] = mx.contiguous(a[index : index + 1][:, :, layer.slots(lo, end), :])
         mx.eval(list(out.values()))
         return out
 
@@ -690,6 +820,12 @@ class RowKVCache:
             n = _parts(k)[0].shape[2]
             if n != min(end, layer.window):
                 raise ValueError(f"sliding layer {i}: a window of {n} tokens for a prefix of {end}")
-            cap = max(capacity or 0, end + 1)
-            place = lambda a: mx.pad(a, [(0, 0), (0, 0), (end - n, cap - end), (0, 0)])  # noqa: E731
+            # a ring (SlidingLayerCache) of room for the window and the next chunk
+            cap = layer.rounded(min(max(capacity or 0, end + 1), layer.window + min(STEP, layer.window)))
+            if end <= cap:  # slots are positions
+                place = lambda a: mx.pad(a, [(0, 0), (0, 0), (end - n, cap - end), (0, 0)])  # noqa: E731
+            else:
+                idx = (mx.arange(end - n, end, dtype=mx.int32) % cap)[None, None, :, None]
+                place = lambda a: mx.put_along_axis(  # noqa: E731
+                    mx.zeros((*a.shape[:2], cap, a.shape[3]), a.dtype), mx.broadcast_to(idx, a.shape), a, axis=2)
             layer.keys, layer.values = map_buffer(k, place), map_buffer(v, place)

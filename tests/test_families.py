@@ -123,8 +123,10 @@ def test_greedy_equals_mlx_lm(family, fam):
     assert_same_or_near_tie(f["model"], prompt, got, want)
     layers = f["engine"].health()["layers"]["layers"]
     expect = {"gemma3_text": "sliding", "gemma4_text": "sliding", "gpt_oss": "sliding", "qwen3_next": "recurrent", "qwen3_5": "recurrent",
-              "falcon_h1": "recurrent", REAL: "sliding"}
+              "falcon_h1": "recurrent", "llama4": "chunked", REAL: "sliding"}
     assert expect.get(fam, "full") in layers
+    # chunked attention serves one row at a time; every other family batches
+    assert f["engine"].health()["layers"]["one_row_per_forward"] is (fam == "llama4")
 
 
 async def _collect(engine, req: GenerationRequest, delay: float) -> list[int]:
@@ -202,30 +204,92 @@ def test_state_after_rejection_equals_fresh_forward(family, fam):
     """Two rows of different lengths verify proposals of different widths; each
     accepts part. After the round is settled (attention by pointer, recurrent state
     by replay) the next logits equal a fresh forward over the committed tokens."""
+    from jumpahead.engine.cache_layout import single_row
+
     f = family(fam)
     runner, model = f["engine"].runner, f["model"]
     prompts = [f["prompts"][0], f["prompts"][1]]
-    cache = runner.new_cache()
-    for p in prompts:  # prefill each row alone, then join, as the scheduler does
-        one = runner.new_cache()
-        one.ends = [0]
-        runner.forward([p[:-1]], one, None)
-        one.advance([len(p) - 1])
-        mx.eval(one.arrays())
-        cache.append_rows(one)
     rows = [[prompts[0][-1], 11, 12, 13, 14, 15], [prompts[1][-1], 21, 22]]
     consumed = [3, 1]  # row 0 kept pending + 2 proposal tokens, row 1 rejected at once
-    before = cache.states()
-    runner.forward_ragged(rows, cache, [len(r) for r in rows])
-    runner.replay(cache, rows, consumed, before)
-    cache.advance(consumed)
     nxt = [[31], [32]]
-    logits, _ = runner.forward_ragged(nxt, cache, [1, 1])
-    for b in range(2):
-        committed = prompts[b][:-1] + rows[b][: consumed[b]] + nxt[b]
-        ref = reference_logits(model, committed)
-        diff = float(mx.abs(logits[b].astype(mx.float32) - ref).max())
-        assert diff < 1e-3 * max(1.0, float(mx.abs(ref).max())), (fam, b, diff)
+    # a model served one row at a time (chunked attention) verifies each row alone
+    groups = [[0], [1]] if single_row(runner.layout) else [[0, 1]]
+    for group in groups:
+        cache = runner.new_cache()
+        for b in group:  # prefill each row alone, then join, as the scheduler does
+            one = runner.new_cache()
+            one.ends = [0]
+            runner.forward([prompts[b][:-1]], one, None)
+            one.advance([len(prompts[b]) - 1])
+            mx.eval(one.arrays())
+            cache.append_rows(one)
+        before = cache.states()
+        runner.forward_ragged([rows[b] for b in group], cache, [len(rows[b]) for b in group])
+        runner.replay(cache, [rows[b] for b in group], [consumed[b] for b in group], before)
+        cache.advance([consumed[b] for b in group])
+        logits, _ = runner.forward_ragged([nxt[b] for b in group], cache, [1] * len(group))
+        for i, b in enumerate(group):
+            committed = prompts[b][:-1] + rows[b][: consumed[b]] + nxt[b]
+            ref = reference_logits(model, committed)
+            diff = float(mx.abs(logits[i].astype(mx.float32) - ref).max())
+            assert diff < 1e-3 * max(1.0, float(mx.abs(ref).max())), (fam, b, diff)
+
+
+SLIDING = ["gemma3_text", "gemma4_text", "gpt_oss"]
+
+
+@pytest.mark.parametrize("fam", SLIDING)
+def test_sliding_layers_keep_a_ring_not_the_context(family, fam):
+    """A sliding layer's buffers hold window + the widest forward's tokens, not the
+    context: prefilled in chunks of 8, then decoded far past its ring, with a
+    partly rejected proposal and a row of another length joined on the way, every
+    step's logits equal a fresh forward over the committed tokens."""
+    f = family(fam)
+    runner, model = f["engine"].runner, f["model"]
+
+    def check(logits, committed_rows):
+        for b, committed in enumerate(committed_rows):
+            ref = reference_logits(model, committed)
+            diff = float(mx.abs(logits[b].astype(mx.float32).reshape(-1) - ref.reshape(-1)).max())
+            assert diff < 1e-3 * max(1.0, float(mx.abs(ref).max())), (fam, b, len(committed), diff)
+
+    def prefilled(p):
+        one = runner.new_cache()
+        one.ends = [0]
+        for at in range(0, len(p), 8):
+            runner.forward([p[at : at + 8]], one, None)
+            one.advance([len(p[at : at + 8])])
+        mx.eval(one.arrays())
+        return one
+
+    long, short = f["prompts"][0][:-1], f["prompts"][1][:-1]
+    cache = prefilled(long)
+    rows = [list(long)]
+    for step in range(3 * WINDOW):
+        logits = runner.forward([[rows[0][-1] if step else f["prompts"][0][-1]]], cache)
+        rows[0].append(rows[0][-1] if step else f["prompts"][0][-1])
+        cache.advance([1])
+        check(logits[:, -1], rows)
+        if step == WINDOW:  # a row of another length joins the group
+            cache.append_rows(prefilled(short))
+            rows.append(list(short))
+            break
+    # both rows verify a proposal of 5; row 0 keeps 2, row 1 none: rollback by pointer
+    proposal = [[rows[0][-1], 11, 12, 13, 14], [f["prompts"][1][-1], 21, 22, 23, 24]]
+    runner.forward(proposal, cache, None)
+    cache.advance([2, 1])
+    rows[0] += proposal[0][:2]
+    rows[1] += proposal[1][:1]
+    for step in range(2 * WINDOW):
+        nxt = [[5 + step], [7 + step]]
+        logits = runner.forward(nxt, cache)
+        cache.advance([1, 1])
+        rows[0].append(5 + step)
+        rows[1].append(7 + step)
+        check(logits[:, -1], rows)
+    for layer in cache.windowed:
+        assert layer.capacity <= layer.window + 8 < len(rows[0]), (layer.capacity, len(rows[0]))
+    assert all(l.capacity >= len(rows[0]) for l in cache.stored)
 
 
 COLD_AND_WARM = r"""
@@ -327,13 +391,16 @@ def test_stored_prefix_keeps_only_the_sliding_windows(family, fam, tmp_path):
 
 def test_unknown_cache_kind_is_refused_at_load(family_dir):
     """A layer cache the engine does not know fails at startup, naming it."""
-    from mlx_lm.models.cache import ChunkedKVCache
+    from mlx_lm.models.cache import _BaseCache
 
     from jumpahead.engine.cache_layout import UnsupportedModel
     from jumpahead.engine.engine import Engine
     from jumpahead.engine.loader import load_model
 
+    class MysteryCache(_BaseCache):  # a cache kind mlx-lm might add later
+        pass
+
     model, tok, info = load_model(str(family_dir("llama")), progress=lambda s: None)
-    model.make_cache = lambda: [ChunkedKVCache(64) for _ in model.layers]
-    with pytest.raises(UnsupportedModel, match="ChunkedKVCache"):
+    model.make_cache = lambda: [MysteryCache() for _ in model.layers]
+    with pytest.raises(UnsupportedModel, match="MysteryCache"):
         Engine(model, tok, info)
