@@ -51,14 +51,16 @@ def _mask_array(mask: Any, L: int, S: int) -> mx.array | None:
 
 
 def _softmax_rows(x: np.ndarray, sink: np.ndarray | None = None) -> np.ndarray:
-    """Softmax over the last axis, in float32, with numpy's vectorized exp.
+    """Softmax over the last axis of x, in place, in float32, with numpy's vectorized exp.
 
     `sink` (broadcastable to x[..., :1]): one more logit per row that takes part in
-    the normalisation but has no value (gpt-oss's attention sinks)."""
+    the normalisation but has no value (gpt-oss's attention sinks). In place: a score
+    tensor is ~11 MB per layer at 4k context, and a fresh array for each step costs
+    page faults (freed memory goes back to the OS: engine/memory.py)."""
     top = x.max(axis=-1, keepdims=True)
     if sink is not None:
         top = np.maximum(top, sink)
-    x = x - top
+    np.subtract(x, top, out=x)
     np.exp(x, out=x)
     total = x.sum(axis=-1, keepdims=True)
     if sink is not None:
@@ -94,12 +96,33 @@ def _probabilities(scores: mx.array, sinks: mx.array | None, Hkv: int, rep: int,
         top = mx.maximum(scores.max(axis=-1, keepdims=True), sink)
         e = mx.exp(scores - top)
         return e / (e.sum(axis=-1, keepdims=True) + mx.exp(sink - top))
+    scores = mx.contiguous(scores)
     mx.eval(scores)
     sink = None
     if sinks is not None:  # query rows are (key head, rep, L): head h = kv * rep + r
         sink = np.asarray(sinks.astype(mx.float32)).reshape(1, Hkv, rep, 1, 1)
         sink = np.broadcast_to(sink, (1, Hkv, rep, L, 1)).reshape(1, Hkv, rep * L, 1)
-    return mx.array(_softmax_rows(np.asarray(scores), sink))  # a view of the evaluated buffer
+    host = np.asarray(scores)
+    if host.flags.owndata or not host.flags.writeable:  # numpy made a copy: return that
+        return mx.array(_softmax_rows(host.copy(), sink))
+    # the scores are this call's own evaluated buffer: the probabilities replace them there
+    _softmax_rows(host, sink)
+    return scores
+
+
+def _hide_causal_tail(scores: mx.array, B: int, Hkv: int, rep: int, L: int, S: int) -> mx.array | None:
+    """The "causal" mask applied in place on evaluated scores: only the last L columns
+    hold hidden keys (query i sees columns <= S - L + i), so only their upper triangle
+    is written, instead of a select over all S columns (a pass over the whole tensor).
+    None where numpy cannot write the buffer in place (the caller masks in MLX)."""
+    scores = mx.contiguous(scores.astype(mx.float32))
+    mx.eval(scores)
+    host = np.asarray(scores)
+    if host.flags.owndata or not host.flags.writeable:
+        return None
+    tail = host.reshape(B, Hkv, rep, L, S)[..., S - L :]
+    tail[..., np.triu(np.ones((L, L), dtype=bool), 1)] = -np.inf
+    return scores
 
 
 def attention(
@@ -118,7 +141,11 @@ def attention(
     rep = Hq // Hkv
     # query head h reads key head h // rep: fold the rep heads' queries into rows
     scores = (q * scale).reshape(B, Hkv, rep * L, D) @ k.swapaxes(-1, -2)  # [B, Hkv, rep*L, S]
-    probs = _probabilities(_masked(scores, mask, B, Hkv, rep, L, S), sinks, Hkv, rep, L)
+    causal = isinstance(mask, str) and mask == "causal" and L > 1
+    masked = _hide_causal_tail(scores, B, Hkv, rep, L, S) if causal else None
+    if masked is None:
+        masked = _masked(scores, mask, B, Hkv, rep, L, S)
+    probs = _probabilities(masked, sinks, Hkv, rep, L)
     out = probs.astype(v.dtype) @ v  # [B, Hkv, rep*L, Dv]
     return out.reshape(B, Hq, L, v.shape[-1])
 

@@ -755,6 +755,18 @@ class RowKVCache:
                 grow = lambda x: mx.pad(x[None], [(0, 0), (0, 0), (0, pad), (0, 0)])  # noqa: E731
                 layer.keys, layer.values = map_buffer(keys, grow), map_buffer(values, grow)
                 continue
+            if disk:  # one fresh buffer each: pieces in RAM written into it, files read into it
+                d = disk[0][1]
+                shape = (1, d.heads, length + pad, d.width)
+                bufs = []
+                for j in range(2):
+                    buf = mx.zeros(shape, d.dtype)
+                    for at, piece in _starts(pieces):
+                        if not isinstance(piece, DiskPiece):
+                            buf[:, :, at : at + piece.shape[3], :] = piece[l, j][None]
+                    bufs.append(buf)
+                layer.keys, layer.values = bufs
+                continue
             if disk or pieces[0][l].shape[0] == 2:
                 keys = [p.part(l, 0) if isinstance(p, DiskPiece) else p[l, 0] for p in pieces]
                 values = [p.part(l, 1) if isinstance(p, DiskPiece) else p[l, 1] for p in pieces]
