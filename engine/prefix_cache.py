@@ -310,6 +310,7 @@ class PrefixCache:
 
     def _disk_piece(self, f: SsdFile) -> DiskPiece:
         L, _, H, n, D = f.kv_shape
+        self.ssd.prefetch(f)  # the device reads while the row's buffers are made
 
         def read(dest) -> None:
             try:

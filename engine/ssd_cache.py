@@ -313,6 +313,22 @@ class SsdStore:
         names = [k for k in f.header if k not in ("__metadata__", "tokens")]
         return names == ["kv"] and len(f.kv_shape) == 5 and f.kv_shape[1] == 2 and f.kv_dtype in ("F32", "F16")
 
+    def prefetch(self, f: SsdFile) -> None:
+        """Ask the kernel to start reading f's KV now (asynchronous readahead), so the
+        device works while the row's buffers are allocated; `read_kv_into` then finds
+        the pages in memory. Best effort: errors surface at the read."""
+        if not hasattr(os, "posix_fadvise"):
+            return
+        try:
+            fd = os.open(f.path, os.O_RDONLY)
+            try:
+                b0, b1 = f.header["kv"]["data_offsets"]
+                os.posix_fadvise(fd, f.data_offset + b0, b1 - b0, os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(fd)
+        except (OSError, KeyError):
+            pass
+
     def read_kv_into(self, f: SsdFile, dest: Callable[[int, int], np.ndarray]) -> None:
         """Read f's KV [L,2,H,n,D] straight from the file into `dest(l, j)` (writable
         [H, n, D] views of a row's buffers; j 0 keys, 1 values), checksumming as it reads.
