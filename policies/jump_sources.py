@@ -19,6 +19,9 @@ import json
 import re
 from dataclasses import dataclass
 
+from jumpahead.engine.tool_formats import FAMILIES
+from jumpahead.engine.tool_formats.base import EarlierCall
+
 LEAD_CHARS = 300  # how far before a block its file may be named
 
 _FENCE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})([^\n`]*)$", re.M)
@@ -156,39 +159,10 @@ def blocks_for_path(blocks: list[Block], path: str) -> Found:
     return Found(mine[-1])
 
 
-@dataclass(frozen=True)
-class EarlierCall:
-    name: str
-    arguments: dict
-    start: int  # span of the call's JSON body in the scanned text
-    end: int
-
-
 def earlier_calls(text: str, start: str = "<tool_call>", end: str = "</tool_call>") -> list[EarlierCall]:
-    """The complete calls written in `text` in the `<tool_call>{json}</tool_call>` form."""
-    calls: list[EarlierCall] = []
-    pos = 0
-    while (i := text.find(start, pos)) >= 0:
-        j = text.find(end, i + len(start))
-        if j < 0:
-            break
-        body = text[i + len(start) : j]
-        pos = j + len(end)
-        try:
-            doc = json.loads(body)
-        except (json.JSONDecodeError, RecursionError):
-            continue
-        if isinstance(doc, dict) and isinstance(doc.get("name"), str):
-            args = doc.get("arguments", {})
-            if isinstance(args, str):
-                try:
-                    args = json.loads(args)
-                except json.JSONDecodeError:
-                    continue
-            if isinstance(args, dict):
-                lead = len(body) - len(body.lstrip())
-                calls.append(EarlierCall(doc["name"], args, i + len(start) + lead, j))
-    return calls
+    """The complete calls written in `text` in the `<tool_call>{json}</tool_call>` form
+    (the Hermes format's reader: engine/tool_formats/hermes.py)."""
+    return FAMILIES["hermes"].format.calls_in(text, start, end)
 
 
 class Haystack:
