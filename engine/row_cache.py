@@ -7,11 +7,14 @@ cache list (engine/cache_layout.py derives the kinds from mlx-lm's `make_cache()
 - full attention (`LayerCache`; MLA latents too: keys and values may differ in width):
   rolling row b back by r tokens is `ends[b] -= r`; no data moves. Queries see
   explicit per-row masks and per-row RoPE offsets.
-- sliding window (`SlidingLayerCache`): the same buffers, keys kept in full, so a
-  rollback never needs an evicted key and the prefix cache can cut a sliding layer's
-  KV at any token like a full layer's; a query sees only its window through the mask,
-  and each forward's attention reads only the columns some row's window reaches
-  (`ForwardPlan.window`), so long contexts do not cost sliding layers more compute.
+- sliding window (`SlidingLayerCache`): a ring per row of window + the widest forward
+  (position x at slot x % K), so memory does not grow with the context, and a
+  rollback still never needs an evicted key (`ForwardPlan.ring_mask`); while no row
+  passes K, slots are positions and each forward's attention reads only the columns
+  some row's window reaches (`ForwardPlan.window`). The prefix cache keeps a sliding
+  layer's last window as an exact snapshot (`row_states`).
+- chunked attention (`ChunkedLayerCache`, Llama 4): keys kept like a full layer's; the
+  model masks by chunk itself from one offset, so such a model runs one row per forward.
 - recurrent state (`RecurrentLayerCache`: conv and Gated DeltaNet / SSM state, what
   mlx-lm's ArraysCache holds): one state per row, no positions. Rows of different
   widths share a padded forward through mlx-lm's own batching convention
