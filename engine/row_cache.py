@@ -517,10 +517,6 @@ class DiskPiece:
         self.read(lambda l, j: host[l, j])
         return out
 
-    def part(self, layer: int, j: int) -> mx.array:
-        """A placeholder of the part's shape in the buffers' join (overwritten by `read`)."""
-        return mx.zeros((self.heads, self.length, self.width), self.dtype)
-
 
 def _starts(pieces: list) -> list[tuple[int, object]]:
     out, at = [], 0
@@ -770,9 +766,9 @@ class RowKVCache:
                     bufs.append(buf)
                 layer.keys, layer.values = bufs
                 continue
-            if disk or pieces[0][l].shape[0] == 2:
-                keys = [p.part(l, 0) if isinstance(p, DiskPiece) else p[l, 0] for p in pieces]
-                values = [p.part(l, 1) if isinstance(p, DiskPiece) else p[l, 1] for p in pieces]
+            if pieces[0][l].shape[0] == 2:
+                keys = [p[l, 0] for p in pieces]
+                values = [p[l, 1] for p in pieces]
             else:
                 dk = self._key_width(a)
                 keys = [p[l, 0, :, :, :dk] for p in pieces]

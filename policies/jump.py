@@ -289,15 +289,7 @@ class OracleJump(_JumpPolicy):
                     break
                 continue
             done = len(call.partial) if n == 0 and call.stage == "string" else 0
-            k = done
-            while k < len(value):
-                where, hay, j = max(((w, h, h.longest_from(value, k)) for w, h in hays), key=lambda t: t[2])
-                if j - k < self.min_chars and not (k == 0 and j == len(value)):
-                    break
-                span = hay.locate(value[k:j])
-                if span is not None:
-                    spans.append((where, *span))
-                k = j
+            k = self._cover(value, done, hays, spans)
             if k < len(value):
                 cut = (n, key, value[:k])
                 break
@@ -375,20 +367,25 @@ class OracleJump(_JumpPolicy):
                     break
                 i = supplied = close + 1
                 continue
-            k = done
-            while k < len(value):
-                where, hay, j = max(((w, h, h.longest_from(value, k)) for w, h in hays), key=lambda t: t[2])
-                if j - k < self.min_chars and not (k == 0 and j == len(value)):
-                    break
-                span = hay.locate(value[k:j])
-                if span is not None:
-                    spans.append((where, *span))
-                k = j
+            k = self._cover(value, done, hays, spans)
             if k < len(value):
                 supplied = body_at + _raw_offset(rest[body_at:close], k - done) if k > done else max(supplied, body_at)
                 break
             i = supplied = close + 1
         return supplied, spans
+
+    def _cover(self, value: str, k: int, hays: list, spans: list) -> int:
+        """How far from k the longest copies in the sources cover `value` (each copy at
+        least min_chars, unless it is the whole value); their spans go to `spans`."""
+        while k < len(value):
+            where, hay, j = max(((w, h, h.longest_from(value, k)) for w, h in hays), key=lambda t: t[2])
+            if j - k < self.min_chars and not (k == 0 and j == len(value)):
+                break
+            span = hay.locate(value[k:j])
+            if span is not None:
+                spans.append((where, *span))
+            k = j
+        return k
 
 
 _PERTURBATIONS = ("wrong_path", "truncated", "wrong_file")

@@ -20,6 +20,7 @@ it maps to, its parser, and a `Format` object that knows the family's text:
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,16 @@ from typing import Any
 SEPARATORS = (", ", ": ")
 
 ToolParser = Callable[[str, Any], Any]
+
+
+def decoded_arguments(args: Any) -> dict[str, Any] | None:
+    """A call's arguments as a dict (a JSON string is decoded); None when they are not an object."""
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    return args if isinstance(args, dict) else None
 
 
 @dataclass

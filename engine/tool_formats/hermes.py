@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .base import EarlierCall, Format, PartialCall, ToolFamily
+from .base import EarlierCall, Format, PartialCall, ToolFamily, decoded_arguments
 from .partial import DEFAULT_END, DEFAULT_START, CallFormat, complete, parse_partial
 from .scan import CallScanner
 
@@ -53,13 +53,8 @@ class HermesFormat(Format):
             except (json.JSONDecodeError, RecursionError):
                 continue
             if isinstance(doc, dict) and isinstance(doc.get("name"), str):
-                args = doc.get("arguments", {})
-                if isinstance(args, str):
-                    try:
-                        args = json.loads(args)
-                    except json.JSONDecodeError:
-                        continue
-                if isinstance(args, dict):
+                args = decoded_arguments(doc.get("arguments", {}))
+                if args is not None:
                     lead = len(body) - len(body.lstrip())
                     calls.append(EarlierCall(doc["name"], args, i + len(start) + lead, j))
         return calls

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .base import EarlierCall, Format, PartialCall
+from .base import EarlierCall, Format, PartialCall, decoded_arguments
 
 DEFAULT_START = "<tool_call>"
 DEFAULT_END = "</tool_call>"
@@ -432,12 +432,7 @@ def calls_in(text: str, fmt: Any, end: str, stops: tuple[str, ...]) -> list[Earl
         for item in parsed if isinstance(parsed, list) else [parsed]:
             if not isinstance(item, dict) or not isinstance(item.get("name"), str):
                 continue
-            args = item.get("arguments", item.get("parameters", {}))
-            if isinstance(args, str):
-                try:
-                    args = json.loads(args)
-                except json.JSONDecodeError:
-                    continue
-            if isinstance(args, dict):
+            args = decoded_arguments(item.get("arguments", item.get("parameters", {})))
+            if args is not None:
                 out.append(EarlierCall(item["name"], args, b + len(body) - len(body.lstrip()), j))
     return out
