@@ -7,5 +7,5 @@ Server: load.py, disconnect.py, crash.py (clients.py, server_process.py), proxy.
 (upstream mode), thinking_cache.py. Traces: forecast.py.
 
 Nothing in engine/, proxy/, policies/ or traces/ imports from here, except the
-`jumpahead bench` line of proxy/cli.py and `jumpahead replay` using output.emit.
+`jumpahead bench` line of app/cli.py and `jumpahead replay` using output.emit.
 """

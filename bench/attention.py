@@ -111,7 +111,7 @@ def run(model_name: str | None, contexts: list[int], decode: int, repeats: int) 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from .output import emit
+    from jumpahead.core.output import emit
 
     p = argparse.ArgumentParser(prog="jumpahead bench attention", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None)

@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from .clients import PROTOCOLS, filler, request_body, stream_request
-from .server_process import ServerProcess, ServeError, exit_on_sigterm
+from jumpahead.live.server_process import ServerProcess, ServeError, exit_on_sigterm
 
 TMP_SUFFIX = ".tmp"  # engine/ssd_cache.py writes a segment to a temp name, then renames it
 

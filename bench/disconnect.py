@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 from .clients import PROTOCOLS, Vanished, filler, request_body, stream_request, vanish
-from .server_process import exit_on_sigterm, on_server
+from jumpahead.live.server_process import exit_on_sigterm, on_server
 
 PROBE = ("You are a careful assistant.", "Name three prime numbers and say why they are prime.")
 

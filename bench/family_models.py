@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from jumpahead.engine.default_model import ensure_default_model
 
-    from .output import emit
+    from jumpahead.core.output import emit
 
     ap = argparse.ArgumentParser(prog="jumpahead bench family-model", description=main.__doc__.split("\n")[0])
     ap.add_argument("family", choices=[*FAMILIES, HYBRID],

@@ -8,7 +8,7 @@ at its recorded length, at EOS, long before its budget, as real turns do. Batche
 4 turns from different sessions run together on one ReplayEngine (max_batch 4), each
 request with the budget an agent sends (`--budget`, capped by the window), through
 the proxy's runner (prompt window of `--context` tokens, strict fill fields, the
-session lengths read off the full history by proxy/turn_lengths.py). Arms, in
+session lengths read off the full history by core/turn_lengths.py). Arms, in
 rotating order per repeat:
 
 - `off`: methods none (ordinary decoding);
@@ -51,7 +51,7 @@ def plan_turns(engine: "Engine", sessions: list[Any], per_session: int, context:
                progress: Callable[[str], None]) -> list[list[dict[str, Any]]]:
     """Per session, its last `per_session` eligible turns (oldest first), each with its
     prompt window, record and the recent lengths of its full history."""
-    from jumpahead.proxy.turn_lengths import recent_turn_lengths
+    from jumpahead.core.turn_lengths import recent_turn_lengths
 
     from jumpahead.traces.replay import ReplayOptions, plan_session
 
@@ -87,8 +87,8 @@ def batches_of(per_session: list[list[dict[str, Any]]], size: int, count: int) -
 
 async def _run_batch(engine: "Engine", batch: list[dict[str, Any]], arm: str, budget: int) -> dict[str, Any]:
     from jumpahead.engine.methods import SERVER_DEFAULT
-    from jumpahead.proxy.exchange import Exchange
-    from jumpahead.proxy.runner import complete_turn, prepare_turn
+    from jumpahead.core.exchange import Exchange
+    from jumpahead.core.runner import complete_turn, prepare_turn
 
     prepared = []
     for item in batch:
@@ -215,7 +215,7 @@ def run(model: str | None = None, batches: int = 3, repeats: int = 2, context: i
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from .output import emit
+    from jumpahead.core.output import emit
 
     p = argparse.ArgumentParser(prog="jumpahead bench forecast", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None)

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from .clients import PROTOCOLS, StreamResult, filler, percentiles, request_body, stream_request
-from .server_process import ServerProcess, ServeError, exit_on_sigterm, on_server, rss_of
+from jumpahead.live.server_process import ServerProcess, ServeError, exit_on_sigterm, on_server, rss_of
 
 # (name, prompt words, max_tokens): short chat turns, a medium read, a long context.
 LENGTHS = (("short", 16, 32), ("medium", 120, 24), ("long", 400, 12))

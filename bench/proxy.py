@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from .server_process import ServerProcess, cpu_s_of
+from jumpahead.live.server_process import ServerProcess, cpu_s_of
 
 
 def _wait(url: str, timeout: float) -> None:

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from jumpahead.proxy.script import ScriptedCall, ScriptTurn
+from jumpahead.core.script import ScriptedCall, ScriptTurn
 
 TOOL = {"name": "read", "description": "Read a file",
         "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
@@ -98,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     from jumpahead.engine.engine import Engine, EngineConfig
     from jumpahead.engine.loader import load_model
 
-    from jumpahead.proxy.script import Script
+    from jumpahead.core.script import Script
     from jumpahead.proxy.server import create_app
 
-    from .server_process import serve_app
+    from jumpahead.live.server_process import serve_app
 
     model, _, info = load_model(None, progress=lambda s: print(s, file=sys.stderr))
     tmp = Path(tempfile.mkdtemp(prefix="jumpahead-thinking-"))

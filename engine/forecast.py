@@ -6,7 +6,7 @@ long before their 8-32k budgets, so the remaining `max_tokens` says little about
 who finishes last. What is known instead:
 
 - the session's recent turn lengths (`GenerationRequest.recent_lengths`, counted by
-  the proxy from the history the agent resends, proxy/turn_lengths.py). A row that
+  the proxy from the history the agent resends, core/turn_lengths.py). A row that
   has written n tokens is forecast the median of `l - n` over the recent lengths
   `l > n` (the remainder of the turns that were longer); past every recent length,
   half of what it wrote so far (a turn that long is an outlier that keeps going);

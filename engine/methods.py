@@ -55,7 +55,7 @@ class Method:
 
     `factory(engine, request)` builds the row's proposer from the in-process engine
     (engine/engine.py: its config, its draft model); None where something else supplies
-    the tokens (strict fill: engine/strict.py; jumps: policies; scripted: proxy/script.py).
+    the tokens (strict fill: engine/strict.py; jumps: policies; scripted: core/script.py).
     `needs(engine)` says why this engine cannot run the method (None: it can). The
     proposer's `name` is its kind: the scheduler skips verified proposers by name where
     no verified token can pay (engine/scheduler.py)."""
@@ -103,7 +103,7 @@ BUILTIN: tuple[Method, ...] = (
            arms=(MethodArm("strict", "strict fill, verified (the server's default)"),
                  MethodArm("strict-asserted", "strict fill, asserted unverified (DESIGN's form)", asserted=True))),
     Method("jump", "jump", False, "a policy's logical jump-ahead (policies/jump.py)", selectable=False),
-    Method("scripted", "scripted", False, "a forced script's tokens (proxy/script.py)", selectable=False),
+    Method("scripted", "scripted", False, "a forced script's tokens (core/script.py)", selectable=False),
 )
 
 REGISTRY: dict[str, Method] = {}

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jumpahead.live.sandbox import SYSTEM_PROMPT, TOOLS, run_tool
-from jumpahead.live.world import Task
+from .sandbox import SYSTEM_PROMPT, TOOLS, run_tool
+from .world import Task
 
 from .oracle import ORACLE_FIELD
 

@@ -89,7 +89,7 @@ def jobs(seeds: list[int], arms: list[Any]) -> list[tuple[int, Any]]:
 
 
 def _task_for(seed: int, index: int, kinds: list[str] | None) -> Any:
-    from jumpahead.live.world import make_task
+    from .world import make_task
 
     return make_task(seed, kinds[index % len(kinds)] if kinds else None)
 
@@ -131,7 +131,7 @@ class Run:
         """One server per arm, STARTING_AT_ONCE loading at a time (loading is partly I/O)."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from jumpahead.bench.server_process import ServerProcess
+        from .server_process import ServerProcess
 
         (self.out / "servers").mkdir(parents=True, exist_ok=True)
 
@@ -163,7 +163,7 @@ class Run:
     def run_job(self, index: int, seed: int, arm: Any) -> dict[str, Any]:
         from openai import OpenAI
 
-        from jumpahead.proxy.session_identity import safe_file_stem
+        from jumpahead.core.session_identity import safe_file_stem
 
         from .agent import run_task
 
@@ -291,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
         print("jumpahead live: --tasks, --concurrency, --max-steps and --max-tokens must be at least 1",
               file=sys.stderr)
         return 2
-    from jumpahead.live.world import KINDS, split_seeds
+    from .world import KINDS, split_seeds
 
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
     unknown = [k for k in kinds or [] if k not in KINDS]

@@ -10,8 +10,8 @@ in policies/api.py):
 - for `proposers(ctx)`: `Proposer` (the protocol a row's proposer follows), `Proposal`,
   `RowView` (engine/proposal.py);
 - for `on_request(ctx)` rewrites: the request's context, `Turn`, `Message`, `ToolCall`,
-  `Tool` (proxy/turn.py; imported when first asked for, so importing this package
-  pulls in no proxy module).
+  `Tool` (core/turn.py; imported when first asked for, so importing this package
+  pulls in no core module).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from .api import (
     TurnResult,
 )
 
-_CONTEXT = ("Message", "Tool", "ToolCall", "Turn")  # from proxy/turn.py, on first use
+_CONTEXT = ("Message", "Tool", "ToolCall", "Turn")  # from core/turn.py, on first use
 
 __all__ = ["BOUNDARIES", "Boundary", "BoundaryEvent", "Intervention", "Message", "Policy", "Proposal",
            "Proposer", "RequestContext", "RowView", "SessionState", "Tool", "ToolCall", "Turn", "TurnResult"]
@@ -39,7 +39,7 @@ __all__ = ["BOUNDARIES", "Boundary", "BoundaryEvent", "Intervention", "Message",
 
 def __getattr__(name: str) -> Any:
     if name in _CONTEXT:
-        from jumpahead.proxy import turn
+        from jumpahead.core import turn
 
         value = getattr(turn, name)
         globals()[name] = value

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 if TYPE_CHECKING:
-    from jumpahead.proxy.turn import Message, ToolCall
+    from jumpahead.core.turn import Message, ToolCall
 
 HEADER = "[compacted step]"
 

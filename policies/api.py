@@ -3,7 +3,7 @@
 A policy is a class with optional hooks; each hook gets plain data (text, token ids,
 parsed structure), never tensors (docs/design.md, Policies):
 
-- `on_request(ctx)`: rewrite the request's context (the proxy's Turn) before it is
+- `on_request(ctx)`: rewrite the request's context (the core Turn) before it is
   rendered; return a new Turn (or the same, edited) or None to leave it.
 - `proposers(ctx)`: extra engine Proposers for this request's row.
 - boundary hooks, called as the row's output crosses parser boundaries (see
@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-if TYPE_CHECKING:  # the policy API imports no proxy module at import time (tests/test_layering.py)
-    from jumpahead.proxy.turn import Turn
+if TYPE_CHECKING:  # the policy API imports nothing of jumpahead at import time (tests/test_layering.py)
+    from jumpahead.core.turn import Turn
 
 Boundary = Literal["reasoning_closed", "tool_call_opened", "tool_name", "argument_key", "turn_end"]
 BOUNDARIES: tuple[str, ...] = ("reasoning_closed", "tool_call_opened", "tool_name", "argument_key", "turn_end")
@@ -59,7 +59,7 @@ class RequestContext:
 
     def count_tokens(self, turn: "Turn | None" = None) -> int:
         """Prompt tokens of `turn` (default: this one) under the model's chat template."""
-        from jumpahead.proxy.prompt import render_prompt
+        from jumpahead.core.prompt import render_prompt
 
         return len(render_prompt(self.tokenizer, turn if turn is not None else self.turn))
 

@@ -27,7 +27,7 @@ from .api import RequestContext
 from .sticky import StickyRewrite, calls_completed, int_option, text_tokens, tool_results
 
 if TYPE_CHECKING:
-    from jumpahead.proxy.turn import Message
+    from jumpahead.core.turn import Message
 
 log = logging.getLogger(__name__)
 

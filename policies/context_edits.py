@@ -1,5 +1,5 @@
 """Anthropic context editing as sticky rewrites: `clear_tool_uses_20250919` and
-`clear_thinking_20251015` (proxy/context_edits.py parses the request's edits).
+`clear_thinking_20251015` (core/context_edits.py parses the request's edits).
 
 The API applies these edits server-side, statelessly, on every request. Here they are
 StickyRewrite policies (policies/sticky.py): a tool use cleared at turn n is replayed
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from jumpahead.proxy.context_edits import CLEAR_THINKING, CLEAR_TOOL_USES, FILL_KEY
+from jumpahead.core.context_edits import CLEAR_THINKING, CLEAR_TOOL_USES, FILL_KEY
 
 from .api import RequestContext
 from .registry import PolicySpec
@@ -34,7 +34,7 @@ from .builtin import BUILTIN
 from .sticky import StickyRewrite, bool_option, int_option, render, text_tokens
 
 if TYPE_CHECKING:
-    from jumpahead.proxy.turn import Message, Turn
+    from jumpahead.core.turn import Message, Turn
 
 CLEARED_RESULT = "[tool result cleared]"
 NO_HORIZON = 10**9  # removed * horizon >= re-prefill always holds
@@ -194,7 +194,7 @@ class ClearThinking(ContextEdit):
 
 
 def edit_specs(edits: list[dict[str, Any]]) -> list[PolicySpec]:
-    """The policies that apply the request's parsed edits (proxy/context_edits.py), in order."""
+    """The policies that apply the request's parsed edits (core/context_edits.py), in order."""
     specs = []
     for edit in edits:
         if edit.get("type") == CLEAR_TOOL_USES:

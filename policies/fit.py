@@ -36,7 +36,7 @@ from .compaction import placeholder
 from .sticky import int_option, last_turn_start, message_identity, render, with_messages
 
 if TYPE_CHECKING:
-    from jumpahead.proxy.turn import Message, Tool, ToolCall, Turn
+    from jumpahead.core.turn import Message, Tool, ToolCall, Turn
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +262,7 @@ def _fixed_tokens(ctx: RequestContext, turn: "Turn", head: int) -> int:
 
 
 def _omit(turn: "Turn", head: int, start: int) -> "Turn":
-    from jumpahead.proxy.turn import Message
+    from jumpahead.core.turn import Message
 
     omitted = start - head
     if omitted <= 0:

@@ -21,7 +21,7 @@ from .compaction import Compaction
 from .sticky import render
 
 if TYPE_CHECKING:
-    from jumpahead.proxy.turn import Message, Turn
+    from jumpahead.core.turn import Message, Turn
 
 FORCED = {"clear_at_least": "0", "horizon": str(10**9)}  # any saving is worth it: the agent asked
 

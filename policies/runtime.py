@@ -1,4 +1,4 @@
-"""The policy runtime: the proxy hooks (proxy/exchange.py) that run policies.
+"""The policy runtime: the turn hooks (core/exchange.py) that run policies.
 
 `PolicyHooks(specs, tokenizer, context_length, generate)` goes into create_app's
 `hooks` (before the trace recorder, so traces show the context after policies):
@@ -17,7 +17,7 @@ Every hook call is timed and charged to its policy's H. A hook that raises (or r
 something it should not) disables that policy for the rest of the request with one
 warning; the request still completes.
 
-This module is the bridge between policies and the proxy, so it imports proxy types.
+This module is the bridge between policies and the turn pipeline (core/), so it imports core types.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jumpahead.engine.interface import LocalEngine
-from jumpahead.proxy.errors import invalid_request
-from jumpahead.proxy.exchange import Exchange
-from jumpahead.proxy.turn import Turn, TurnOutput
+from jumpahead.core.errors import invalid_request
+from jumpahead.core.exchange import Exchange
+from jumpahead.core.turn import Turn, TurnOutput
 
 from .api import BoundaryEvent, Intervention, Policy, RequestContext, SessionState, TurnResult
 from .boundary import BoundaryProposer
@@ -228,7 +228,7 @@ def request_specs(turn: Turn) -> tuple[list[PolicySpec], bool]:
 
 
 class PolicyHooks:
-    """The proxy hooks that run policies (see the module doc)."""
+    """The turn hooks that run policies (see the module doc)."""
 
     def __init__(self, specs: Sequence[str | PolicySpec], tokenizer: Any, context_length: int,
                  generate: Callable[[str, int], str] | None = None, *, allow_request_user_policies: bool = False,

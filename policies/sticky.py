@@ -33,7 +33,7 @@ import orjson
 from .api import Policy, RequestContext
 
 if TYPE_CHECKING:
-    from jumpahead.proxy.turn import Message, Turn
+    from jumpahead.core.turn import Message, Turn
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +268,7 @@ def renders_reasoning(tokenizer: Any) -> bool:
     drop it; then rewriting reasoning changes no prompt token). Probed once per tokenizer."""
     key = tokenizer
     if key not in _RENDERS_REASONING:
-        from jumpahead.proxy.turn import Message, ToolCall, Turn
+        from jumpahead.core.turn import Message, ToolCall, Turn
 
         probe = "zqxprobe reasoning marker"
         turn = Turn(messages=[Message("user", "hi"),
@@ -284,7 +284,7 @@ def renders_reasoning(tokenizer: Any) -> bool:
 
 def render(tokenizer: Any, turn: "Turn") -> list[int]:
     """Prompt token ids of `turn` under the tokenizer's chat template (as the server renders)."""
-    from jumpahead.proxy.prompt import render_prompt
+    from jumpahead.core.prompt import render_prompt
 
     return render_prompt(tokenizer, turn)
 

@@ -1,7 +1,7 @@
 """Follow a row's output token by token and say which parser boundaries each crosses.
 
-The text-level state (reasoning / content / tool call) comes from the proxy's own
-OutputParser (proxy/output_parser.py), so boundaries fall exactly where the answer's
+The text-level state (reasoning / content / tool call) comes from the core's own
+OutputParser (core/output_parser.py), so boundaries fall exactly where the answer's
 parse puts them: `reasoning_closed` when reasoning ends, `tool_call_opened` when a
 tool-call start marker is complete. Inside a call the family's scanner
 (engine/tool_formats/, the tokenizer's family) adds `tool_name` (the name is complete)
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from jumpahead.engine.tool_formats.scan import CallScanner
-from jumpahead.proxy.output_parser import OutputParser
-from jumpahead.proxy.turn import ContentDelta, ReasoningDelta, ToolCallDelta
+from jumpahead.core.output_parser import OutputParser
+from jumpahead.core.turn import ContentDelta, ReasoningDelta, ToolCallDelta
 
 REASONING, TOOL = "reasoning", "tool"
 

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .errors import APIError
+from jumpahead.core.errors import APIError
 from .wire_errors import send_error
 
 log = logging.getLogger("jumpahead.access")

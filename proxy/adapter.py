@@ -23,9 +23,9 @@ if TYPE_CHECKING:
     from jumpahead.engine.interface import Engine
 
     from .response_store import ResponseStore
-    from .runner import PreparedTurn
+    from jumpahead.core.runner import PreparedTurn
     from .signing import Signer
-    from .turn import OutputEvent, Turn, TurnOutput
+    from jumpahead.core.turn import OutputEvent, Turn, TurnOutput
 
 
 @dataclass

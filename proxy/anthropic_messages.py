@@ -4,7 +4,7 @@ Lenient where real clients are loose (a `system` role inside `messages`,
 `cache_control` anywhere, `output_config`, `thinking`, `eager_input_streaming`, unknown
 fields and server tools are ignored), strict where the answer would change (types and
 ranges of sampling fields, roles, tool names, `context_management` edits: applied by
-the policy runtime, proxy/context_edits.py). Model reasoning becomes thinking blocks;
+the policy runtime, core/context_edits.py). Model reasoning becomes thinking blocks;
 tool calls become tool_use blocks.
 """
 
@@ -20,12 +20,12 @@ from jumpahead.engine.types import SamplingParams
 
 from . import sse
 from .adapter import AdapterContext
-from .context_edits import applied_edits, parse_context_management
-from .errors import anthropic_error_body, invalid_request
-from .fields import boolean, integer, number, obj
+from jumpahead.core.context_edits import applied_edits, parse_context_management
+from jumpahead.core.errors import anthropic_error_body, invalid_request
+from jumpahead.core.fields import boolean, integer, number, obj
 from .signing import Signer, default_signer
-from .tool_stream import partial_json
-from .turn import (
+from jumpahead.core.tool_stream import partial_json
+from jumpahead.core.turn import (
     ContentDelta,
     Message,
     OutputEvent,
@@ -398,7 +398,7 @@ def message_object(out: TurnOutput, *, id: str, model: str, signer: Signer | Non
         "stop_sequence": out.stop_sequence,
         "usage": usage_json(out.usage),
     }
-    context_management = applied_edits(out.usage)  # the request's context edits (proxy/context_edits.py)
+    context_management = applied_edits(out.usage)  # the request's context edits (core/context_edits.py)
     if context_management is not None:
         message["context_management"] = context_management
     return message

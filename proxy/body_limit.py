@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import APIError
+from jumpahead.core.errors import APIError
 from .wire_errors import send_error
 
 DEFAULT_MAX_BODY_BYTES = 32 << 20  # Claude Code sends ~100-400 KB; long sessions a few MB

@@ -18,9 +18,9 @@ from typing import Any
 
 import orjson
 
-from .errors import invalid_request
+from jumpahead.core.errors import invalid_request
 from .signing import Signer
-from .turn import Message, ToolCall
+from jumpahead.core.turn import Message, ToolCall
 
 FORMAT = 1  # version of the sealed payload
 ROLES = ("system", "user", "assistant", "tool")

@@ -6,7 +6,7 @@ they end: prompt / cached / generated tokens, generated tokens by provenance, de
 time against the ordinary estimate, policy interventions, the prefix cache's hit
 rate, the engine's queue and the sessions in flight.
 
-The data comes from a hook (proxy/exchange.py) that create_app appends after the
+The data comes from a hook (core/exchange.py) that create_app appends after the
 others (so policies have written their interventions): `row_proposers` marks a turn
 in flight once it is valid and about to run, `after_turn` records it. The engine's
 queue and prefix-cache counters are read from `engine.health()` / `engine.metrics()`.
@@ -38,8 +38,8 @@ from starlette.routing import Route
 from jumpahead.engine.interface import Engine
 from jumpahead.engine.methods import token_kinds
 
-from .exchange import BaseHooks, Exchange
-from .turn import TurnOutput
+from jumpahead.core.exchange import BaseHooks, Exchange
+from jumpahead.core.turn import TurnOutput
 
 STATIC = Path(__file__).resolve().parent / "static"
 PAGE_PATHS = ("/dashboard", "/dashboard/dashboard.js", "/dashboard/dashboard.css", "/dashboard/plotly.min.js")

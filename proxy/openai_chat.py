@@ -18,10 +18,10 @@ from jumpahead.engine.types import SamplingParams
 
 from . import sse
 from .adapter import AdapterContext
-from .errors import error_body, invalid_request
-from .fields import boolean, integer, number, obj
-from .logprobs import top_logprobs
-from .turn import (
+from jumpahead.core.errors import error_body, invalid_request
+from jumpahead.core.fields import boolean, integer, number, obj
+from jumpahead.core.logprobs import top_logprobs
+from jumpahead.core.turn import (
     ContentDelta,
     Message,
     OutputEvent,
@@ -337,7 +337,7 @@ def _tool_call_json(call: ToolCall) -> dict[str, Any]:
 
 
 def _logprobs_json(entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
-    """`choices[].logprobs`: the content tokens' entries (proxy/logprobs.py); null when not asked."""
+    """`choices[].logprobs`: the content tokens' entries (core/logprobs.py); null when not asked."""
     return None if entries is None else {"content": entries, "refusal": None}
 
 

@@ -22,14 +22,14 @@ from jumpahead.engine.types import SamplingParams
 
 from .adapter import AdapterContext
 from .compaction_item import compact_threshold, open_item
-from .errors import APIError, invalid_request
-from .fields import boolean, integer, number, obj
-from .logprobs import top_logprobs
+from jumpahead.core.errors import APIError, invalid_request
+from jumpahead.core.fields import boolean, integer, number, obj
+from jumpahead.core.logprobs import top_logprobs
 from .openai_chat import content_text
 from .response_store import ResponseStore, StoredResponse
 from .sse import KEEPALIVE
 from .signing import Signer, default_signer
-from .turn import Message, Tool, ToolCall, ToolChoice, Turn, TurnOutput, Usage
+from jumpahead.core.turn import Message, Tool, ToolCall, ToolChoice, Turn, TurnOutput, Usage
 
 _SEED_MASK = (1 << 63) - 1
 CUSTOM_INPUT_SCHEMA = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
@@ -374,7 +374,7 @@ def reasoning_item(text: str, ctx: ResponsesContext, id: str | None = None) -> d
 
 def message_item(text: str, id: str | None = None, status: str = "completed",
                  logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """`logprobs`: the text's token entries (proxy/logprobs.py); [] when not asked."""
+    """`logprobs`: the text's token entries (core/logprobs.py); [] when not asked."""
     content = []
     if status == "completed":
         content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": list(logprobs or [])}]

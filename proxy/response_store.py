@@ -12,7 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from .turn import Message
+from jumpahead.core.turn import Message
 
 
 @dataclass

@@ -26,12 +26,12 @@ from typing import Any
 from jumpahead.engine.interface import Engine
 
 from .compaction_item import compaction_item, default_threshold
-from .errors import invalid_request
+from jumpahead.core.errors import invalid_request
 from .openai_responses import ResponsesContext, parse_responses_request
-from .prompt import render_prompt
+from jumpahead.core.prompt import render_prompt
 from .response_store import ResponseStore
 from .signing import Signer
-from .turn import Message, Turn
+from jumpahead.core.turn import Message, Turn
 
 
 def _options(turn: Turn) -> dict[str, str]:

@@ -14,8 +14,8 @@ from .openai_responses import (
     reasoning_item,
     response_object,
 )
-from .tool_stream import partial_json
-from .turn import (
+from jumpahead.core.tool_stream import partial_json
+from jumpahead.core.turn import (
     ContentDelta,
     OutputEvent,
     ReasoningDelta,

@@ -35,20 +35,20 @@ from .adapter import AdapterContext, AdapterFactory, WireStream
 from .anthropic_messages import MessagesAdapter, parse_messages_request
 from .body_limit import DEFAULT_MAX_BODY_BYTES, MAX_JSON_DEPTH, BodyLimitMiddleware, too_deep
 from .dashboard import DashboardFeed, dashboard_routes
-from .errors import APIError, invalid_request, not_found, server_error
-from .exchange import Exchange
+from jumpahead.core.errors import APIError, invalid_request, not_found, server_error
+from jumpahead.core.exchange import Exchange
 from .openai_chat import ChatAdapter
 from .openapi import openapi_document
 from .openai_responses import ResponsesAdapter
-from .prompt import render_prompt
+from jumpahead.core.prompt import render_prompt
 from .response_store import ResponseStore
 from .responses_compact import compact_response
-from .runner import PreparedTurn, complete_turn, prepare_turn_async, stream_turn
-from .script import Script
+from jumpahead.core.runner import PreparedTurn, complete_turn, prepare_turn_async, stream_turn
+from jumpahead.core.script import Script
 from .prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from .prometheus import prometheus_text
 from .signing import Signer, default_signer
-from .turn import TurnOutput
+from jumpahead.core.turn import TurnOutput
 from .wire_errors import error_body_for
 
 log = logging.getLogger("jumpahead.proxy")
@@ -83,7 +83,7 @@ def _script(request: Request) -> Script | None:
 
 def _exchange(request: Request, protocol: str, body: Any, turn: Any) -> Exchange:
     """The exchange record the hooks (policies, recorder) see; headers keep their case."""
-    from .session_identity import session_id
+    from jumpahead.core.session_identity import session_id
 
     headers = dict(request.headers.items())
     body = body if isinstance(body, dict) else {}
@@ -365,7 +365,7 @@ def create_app(engine: Engine, script: Script | None = None, response_store: Res
     """The app around a loaded engine (shared by all requests).
 
     `script`: forced-continuation replay; each generation request consumes its next turn.
-    `hooks`: watchers of every exchange (proxy/exchange.py): policies, the trace recorder.
+    `hooks`: watchers of every exchange (core/exchange.py): policies, the trace recorder.
     `access`: API key, allowed origins, bound host (proxy/access.py; default: loopback
     names only, no key, no browser origins); `max_body_bytes`: larger bodies get 413.
     """

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 from starlette.types import Scope, Send
 
-from .errors import APIError
+from jumpahead.core.errors import APIError
 
 ANTHROPIC_PATHS = ("/v1/messages", "/messages")
 

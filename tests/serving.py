@@ -1,5 +1,5 @@
 """Helpers for tests that run the real server: uvicorn in a thread, `jumpahead serve`
-subprocesses, script-mode engines. The servers themselves are jumpahead.bench.server_process's
+subprocesses, script-mode engines. The servers themselves are jumpahead.live.server_process's
 (serve_app, ServerProcess), which the benches use too."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
-from jumpahead.bench.server_process import ServerProcess, free_port, serve_app  # noqa: F401  (free_port: the tests')
+from jumpahead.live.server_process import ServerProcess, free_port, serve_app  # noqa: F401  (free_port: the tests')
 
 SCRIPT_SLICE = 1024  # max_asserted for script-mode test engines: a whole turn in one round
 

@@ -321,7 +321,7 @@ def test_default_limit_admits_a_claude_code_sized_body(open_server):
 def test_serve_refuses_bad_access_flags_without_traceback():
     for args, needle in ((["--allow-origin", "ftp://x"], "not an origin"), (["--api-key", " "], "API key is empty"),
                          (["--max-body-bytes", "0"], "max-body-bytes")):
-        out = subprocess.run([sys.executable, "-m", "jumpahead.proxy.cli", "serve", *args],
+        out = subprocess.run([sys.executable, "-m", "jumpahead.app.cli", "serve", *args],
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr, out.stderr
 
@@ -331,7 +331,7 @@ def test_serve_with_key_from_the_environment_logs_no_key(tmp_path):
     port = free_port()
     trace_dir = tmp_path / "traces"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jumpahead.proxy.cli", "serve", "--port", str(port), "--max-batch", "2",
+        [sys.executable, "-m", "jumpahead.app.cli", "serve", "--port", str(port), "--max-batch", "2",
          "--log-level", "debug", "--trace-dir", str(trace_dir), "--allow-origin", UI],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "JUMPAHEAD_API_KEY": KEY})

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jumpahead.bench.output import emit, mismatches
+from jumpahead.core.output import emit, mismatches
 
 from .conftest import shared_path
 

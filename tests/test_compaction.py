@@ -22,8 +22,8 @@ import pytest
 from jumpahead.policies.api import RequestContext, SessionState
 from jumpahead.policies.compaction import Compaction, ObservationMasking, ThinkingClearing
 from jumpahead.policies.sticky import calls_completed, last_turn_start, message_identity, tool_results
-from jumpahead.proxy.prompt import render_prompt
-from jumpahead.proxy.turn import Message, ToolCall, Turn
+from jumpahead.core.prompt import render_prompt
+from jumpahead.core.turn import Message, ToolCall, Turn
 
 from .policy_sessions import SESSIONS, check_rewrite, common_prefix, default_tokenizer, load_public, snapshot, window
 
@@ -239,7 +239,7 @@ def test_model_mode_on_the_default_model(engine) -> None:
 
 def test_through_the_runtime_session_memo_carries_the_rewrite() -> None:
     from jumpahead.policies.runtime import PolicyHooks
-    from jumpahead.proxy.exchange import Exchange
+    from jumpahead.core.exchange import Exchange
 
     session = load_public(MINI)
     tokenizer = default_tokenizer()

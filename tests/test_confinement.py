@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jumpahead.proxy.session_identity import safe_file_stem
+from jumpahead.core.session_identity import safe_file_stem
 
 from .serving import serve
 
@@ -60,7 +60,7 @@ def test_traces_import_out_keeps_hostile_session_ids_inside(tmp_path, loaded_mod
     out.mkdir(parents=True)
     outside = tmp_path / "outside.json"
     (out / f"{safe_file_stem(hostile)}.json").symlink_to(outside)  # planted by another local user
-    proc = subprocess.run([sys.executable, "-m", "jumpahead.proxy.cli", "traces", "import",
+    proc = subprocess.run([sys.executable, "-m", "jumpahead.app.cli", "traces", "import",
                            str(recorder.path_for(hostile)), "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     files = sorted(p for p in tmp_path.rglob("*.json") if not p.is_symlink())

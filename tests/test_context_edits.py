@@ -1,4 +1,4 @@
-"""Anthropic `context_management` on the real server (proxy/context_edits.py parses the
+"""Anthropic `context_management` on the real server (core/context_edits.py parses the
 edits, policies/context_edits.py applies them as sticky rewrites).
 
 Checked: Claude Code's captured request gets `context_management.applied_edits` in the
@@ -23,10 +23,10 @@ import pytest
 import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
 from jumpahead.policies.runtime import PolicyHooks
 from jumpahead.proxy.anthropic_messages import parse_messages_request
-from jumpahead.proxy.context_edits import parse_context_management
-from jumpahead.proxy.errors import APIError
-from jumpahead.proxy.prompt import render_prompt
-from jumpahead.proxy.script import Script, ScriptTurn
+from jumpahead.core.context_edits import parse_context_management
+from jumpahead.core.errors import APIError
+from jumpahead.core.prompt import render_prompt
+from jumpahead.core.script import Script, ScriptTurn
 from jumpahead.proxy.signing import Signer
 
 from .conftest import shared_path
@@ -246,7 +246,7 @@ def test_malformed_edit_is_a_400_over_http(scripted_engine) -> None:
 
 
 def test_unknown_edit_type_is_ignored_with_a_log_line(scripted_engine, caplog) -> None:
-    caplog.set_level(logging.INFO, logger="jumpahead.proxy.context_edits")
+    caplog.set_level(logging.INFO, logger="jumpahead.core.context_edits")
     edits = {"edits": [{"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 50000}},
                        {"type": CLEAR_TOOL_USES, "trigger": {"type": "tool_uses", "value": 2},
                         "keep": {"type": "tool_uses", "value": 1}}]}
@@ -265,7 +265,7 @@ def test_unknown_edit_type_is_ignored_with_a_log_line(scripted_engine, caplog) -
 
 
 def _run(hooks: PolicyHooks, body: dict[str, Any], session: str = "s") -> tuple[Any, Any, dict[str, Any]]:
-    from jumpahead.proxy.exchange import Exchange
+    from jumpahead.core.exchange import Exchange
 
     turn = parse_messages_request(body)
     exchange = Exchange("messages", session_id=session)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from jumpahead.proxy.script import Script, ScriptTurn
+from jumpahead.core.script import Script, ScriptTurn
 
 from .serving import serve
 
@@ -76,8 +76,8 @@ def test_metrics_are_prometheus_text_with_the_json_numbers(engine):
 
 
 def test_no_tokenizer_length_warning_on_long_prompts(loaded_model, capfd):
-    from jumpahead.proxy.prompt import render_prompt
-    from jumpahead.proxy.turn import Message, Turn
+    from jumpahead.core.prompt import render_prompt
+    from jumpahead.core.turn import Message, Turn
 
     _, tokenizer, _ = loaded_model
     ids = render_prompt(tokenizer, Turn(messages=[Message("user", "word " * 12000)]))

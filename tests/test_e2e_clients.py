@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
-from jumpahead.proxy.script import Script, ScriptedCall, ScriptTurn
+from jumpahead.core.script import Script, ScriptedCall, ScriptTurn
 
 from . import agent_clients
 from .serving import free_port, interrupt, script_engine, serve
@@ -161,7 +161,7 @@ def test_aider_against_serve_script_subprocess(tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
-        [sys.executable, "-m", "jumpahead.proxy.cli", "serve", "--port", str(port), "--max-batch", "1",
+        [sys.executable, "-m", "jumpahead.app.cli", "serve", "--port", str(port), "--max-batch", "1",
          "--script", str(script_file), "--script-prompt-limit", str(PROMPT_LIMIT), "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:

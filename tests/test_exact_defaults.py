@@ -75,7 +75,7 @@ def test_serve_runs_exact_methods_by_default(tmp_path: Path) -> None:
 
 
 def test_serve_rejects_unknown_methods(tmp_path: Path) -> None:
-    run = subprocess.run([sys.executable, "-m", "jumpahead.proxy.cli", "serve", "--methods", "echo,warp"],
+    run = subprocess.run([sys.executable, "-m", "jumpahead.app.cli", "serve", "--methods", "echo,warp"],
                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert run.returncode == 2
     assert "warp" in run.stderr and "Traceback" not in run.stderr, run.stderr

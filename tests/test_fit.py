@@ -21,8 +21,8 @@ import pytest
 
 from jumpahead.policies.api import RequestContext, SessionState
 from jumpahead.policies.fit import STEPS, Fit, reserve_for, shorten_tool
-from jumpahead.proxy.prompt import render_prompt
-from jumpahead.proxy.turn import Message, Tool, Turn
+from jumpahead.core.prompt import render_prompt
+from jumpahead.core.turn import Message, Tool, Turn
 
 from .policy_sessions import SESSIONS, SHARED, common_prefix, default_tokenizer, load_public, snapshot
 from .serving import start_serve

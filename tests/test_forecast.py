@@ -1,5 +1,5 @@
 """The throughput objective's forecast of who finishes last (engine/forecast.py) and the
-session lengths the proxy reads off the history (proxy/turn_lengths.py).
+session lengths the proxy reads off the history (core/turn_lengths.py).
 
 Real rows of the real engine on the default model: the row forecast to finish last is
 the one that verifies its copies in a shared batch, whichever way the forecast points,
@@ -15,8 +15,8 @@ import pytest
 
 from jumpahead.engine.forecast import from_lengths, note_copy, remaining
 from jumpahead.engine.types import GenerationRequest
-from jumpahead.proxy.turn import Message, ToolCall, Turn
-from jumpahead.proxy.turn_lengths import CALL_MARKUP, recent_turn_lengths
+from jumpahead.core.turn import Message, ToolCall, Turn
+from jumpahead.core.turn_lengths import CALL_MARKUP, recent_turn_lengths
 
 CONFIG = """server:
   host: 127.0.0.1

@@ -406,7 +406,7 @@ def test_unknown_architecture_is_a_clear_error(tmp_path):
 def test_serve_names_the_architecture_without_a_traceback(tmp_path):
     path = _odd_gguf(tmp_path / "mamba.gguf", "mamba")
     env = {**os.environ, "JUMPAHEAD_HOME": str(tmp_path / "home")}
-    res = subprocess.run([sys.executable, "-m", "jumpahead.proxy.cli", "serve", "--model", str(path)],
+    res = subprocess.run([sys.executable, "-m", "jumpahead.app.cli", "serve", "--model", str(path)],
                          capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 2, res.stderr
     assert "GGUF architecture 'mamba' is not supported" in res.stderr

@@ -152,7 +152,7 @@ def test_recorder_resumes_after_a_half_written_line(engine, tmp_path):
 
 def _bench(kind: str, *args: str, timeout: float) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    out = subprocess.run([sys.executable, "-m", "jumpahead.proxy.cli", "bench", kind, *args],
+    out = subprocess.run([sys.executable, "-m", "jumpahead.app.cli", "bench", kind, *args],
                          capture_output=True, text=True, timeout=timeout, cwd=str(REPO), env=env)
     assert out.stdout.strip(), f"bench {kind} printed nothing (exit {out.returncode}): {out.stderr[-3000:]}"
     report = json.loads(out.stdout)

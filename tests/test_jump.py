@@ -15,9 +15,9 @@ from jumpahead.policies.api import BoundaryEvent, RequestContext, SessionState
 from jumpahead.policies.call_text import CallFormat, parse_partial
 from jumpahead.policies.jump import Jump, MistakenJump, OracleJump
 from jumpahead.policies.registry import PolicyError, parse_spec
-from jumpahead.proxy.output_parser import OutputParser
-from jumpahead.proxy.prompt import render_prompt
-from jumpahead.proxy.turn import Message, Tool, ToolCall, Turn
+from jumpahead.core.output_parser import OutputParser
+from jumpahead.core.prompt import render_prompt
+from jumpahead.core.turn import Message, Tool, ToolCall, Turn
 
 WRITE = Tool("write", "Write a file", {"type": "object", "properties": {"path": {"type": "string"},
              "content": {"type": "string"}}, "required": ["path", "content"]})
@@ -403,7 +403,7 @@ def _proposal(tokens):
 
 
 class PrefixHook:
-    """A proxy hook (proxy/exchange.py) adding the PrefixProposer to each row."""
+    """A proxy hook (core/exchange.py) adding the PrefixProposer to each row."""
 
     def __init__(self, tokenizer, text: str) -> None:
         self.tokens = tokenizer.encode(text, add_special_tokens=False)
@@ -441,8 +441,8 @@ def no_eos(tok) -> dict[int, float]:
 def test_jump_end_to_end_through_the_engine(jump_engine):
     from jumpahead.engine.types import GenerationRequest, SamplingParams
     from jumpahead.policies.runtime import PolicyHooks
-    from jumpahead.proxy.exchange import Exchange
-    from jumpahead.proxy.runner import complete_turn, prepare_turn
+    from jumpahead.core.exchange import Exchange
+    from jumpahead.core.runner import complete_turn, prepare_turn
 
     eng, tok = jump_engine, jump_engine.tokenizer
     turn = Turn(messages=[Message("user", "Create hello.py")], tools=[WRITE], max_tokens=e2e_budget(tok, 8),

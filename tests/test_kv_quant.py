@@ -284,7 +284,7 @@ def test_bad_formats_are_refused_clearly(tokenizer_dir, tmp_path):
     with pytest.raises(ValueError, match="kv-group-size"):
         Engine(model, tok, info, EngineConfig(prefix_cache=False, kv_format=KVFormat(8, 8, group_size=128)))
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    out = subprocess.run([sys.executable, "-m", "jumpahead.proxy.cli", "serve", "--kv-bits", "7"],
+    out = subprocess.run([sys.executable, "-m", "jumpahead.app.cli", "serve", "--kv-bits", "7"],
                          capture_output=True, text=True, cwd=str(REPO), env=env, timeout=120)
     assert out.returncode == 2 and "--kv-bits" in out.stderr
 

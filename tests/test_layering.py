@@ -1,11 +1,12 @@
-"""The package layering, read from the source (AST), not from a running import.
+"""The packages are layered one way: a package imports only from packages below it.
 
-What holds today (docs/design.md, Packages): the engine imports no other jumpahead
-package, even lazily; the packages' import-time graph (module-level imports, not those
-under TYPE_CHECKING or inside functions) has no cycle; the policy API imports nothing of
-jumpahead at import time. The lazy imports of the startup code (proxy/serve.py reaching
-policies/, traces/ and live/) are the cycle issue 22 removes; they are listed by
-`lazy_edges` and not asserted here.
+    engine  <-  core  <-  policies  <-  proxy  <-  traces  <-  live  <-  bench  <-  app
+
+(docs/design.md "Layers"). The test reads every import statement of the source (AST,
+module level and inside functions alike, TYPE_CHECKING blocks included, since a lazy
+import is still a dependency) and fails on an upward import; with one order over the
+packages no package cycle can exist. It also fails on a cycle of module-level imports
+between modules, which Python resolves only by the accident of import order.
 """
 
 from __future__ import annotations
@@ -13,91 +14,126 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("engine", "proxy", "policies", "traces", "live", "bench")
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = ["engine", "core", "policies", "proxy", "traces", "live", "bench", "app"]
+RANK = {name: i for i, name in enumerate(LAYERS)}
 
 
-def imports(path: Path) -> list[tuple[str, bool]]:
-    """(imported jumpahead module, at import time?) for every import in `path`."""
-    tree = ast.parse(path.read_text())
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                   and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
-    top = {id(n) for n in tree.body}
-    here = path.relative_to(REPO).with_suffix("").parts
-    out = []
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = ".".join(("jumpahead", *here[: len(here) - node.level]))
-                names = [f"{base}.{node.module}" if node.module else base]
-            else:
-                names = [node.module or ""]
-        else:
-            continue
-        out += [(n, id(node) in top) for n in names if n.startswith("jumpahead.")]
-    return out
-
-
-def package_of(module: str) -> str | None:
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 and parts[1] in PACKAGES else None
-
-
-def edges(import_time_only: bool) -> dict[tuple[str, str], list[str]]:
-    found: dict[tuple[str, str], list[str]] = {}
-    for pkg in PACKAGES:
-        for f in sorted((REPO / pkg).rglob("*.py")):
-            for module, at_import in imports(f):
-                other = package_of(module)
-                if other and other != pkg and (at_import or not import_time_only):
-                    found.setdefault((pkg, other), []).append(str(f.relative_to(REPO)))
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package in LAYERS:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found["jumpahead." + ".".join(parts)] = path
     return found
 
 
-def lazy_edges() -> dict[tuple[str, str], list[str]]:
-    return {k: v for k, v in edges(False).items() if k not in edges(True)}
+def _imports(module: str, path: Path) -> list[tuple[str, bool]]:
+    """(imported module, at module level?) for every import in the file."""
+    tree = ast.parse(path.read_text(), str(path))
+    is_package = path.name == "__init__.py"
+    out: list[tuple[str, bool]] = []
+
+    def visit(node: ast.AST, top: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import):
+                out.extend((a.name, top) for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = module.split(".")
+                    base = base[: len(base) - child.level + (1 if is_package else 0)]
+                    target = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    target = child.module or ""
+                out.append((target, top))
+                # `from pkg import mod` imports the submodule too
+                out.extend((f"{target}.{a.name}", top) for a in child.names)
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                visit(child, False)
+            elif isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                visit(child, False)
+            else:
+                visit(child, top)
+
+    visit(tree, True)
+    return out
 
 
-def test_the_reader_sees_imports():
-    """The reader finds a known import-time edge and a known lazy one (else the tests
-    below would pass on an empty graph)."""
-    assert ("proxy", "engine") in edges(True)
-    assert ("proxy", "policies") in edges(False) and ("proxy", "policies") not in edges(True)
+def _package(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "jumpahead" and parts[1] in RANK else None
 
 
-def test_engine_imports_no_other_package():
-    bad = {k: v for k, v in edges(False).items() if k[0] == "engine"}
-    assert not bad, f"the engine is the bottom layer; it imports {bad}"
+def test_no_package_imports_upward() -> None:
+    upward: list[str] = []
+    for module, path in _modules().items():
+        here = _package(module)
+        for target, _ in _imports(module, path):
+            there = _package(target)
+            if here and there and RANK[there] > RANK[here]:
+                upward.append(f"{path.relative_to(ROOT)}: imports {target} ({here} is below {there})")
+    assert not upward, "upward imports:\n" + "\n".join(sorted(set(upward)))
 
 
-def test_import_time_graph_has_no_cycle():
+def test_no_cycle_of_module_level_imports() -> None:
+    modules = _modules()
     graph: dict[str, set[str]] = {}
-    for a, b in edges(True):
-        graph.setdefault(a, set()).add(b)
-
-    def path_back(start: str) -> list[str] | None:
-        stack = [(start, [start])]
-        seen = set()
-        while stack:
-            node, path = stack.pop()
-            for nxt in graph.get(node, ()):
-                if nxt == start:
-                    return path + [nxt]
-                if nxt not in seen:
-                    seen.add(nxt)
-                    stack.append((nxt, path + [nxt]))
-        return None
-
-    for pkg in graph:
-        cycle = path_back(pkg)
-        assert cycle is None, f"import-time package cycle {' -> '.join(cycle)}: {edges(True)}"
+    for module, path in modules.items():
+        graph[module] = {t for t, top in _imports(module, path) if top and t in modules and t != module}
+    cycles = _cycles(graph)
+    # a package's __init__ importing its own submodules is the one ordinary cycle shape
+    cycles = [c for c in cycles if not _init_only(c)]
+    assert not cycles, "module-level import cycles:\n" + "\n".join(cycles)
 
 
-def test_policy_api_imports_nothing_of_jumpahead_at_import_time():
-    """(RequestContext.count_tokens reaches proxy/prompt.py lazily: issue 22 moves the
-    prompt rendering into the core below the policies.)"""
-    assert [m for m, at_import in imports(REPO / "policies" / "api.py") if at_import] == []
+def _cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Every back edge of a depth-first walk, as the cycle it closes."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[str] = []
+
+    def walk(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                walk(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            walk(module)
+    return cycles
+
+
+def _init_only(cycle: str) -> bool:
+    """A cycle through a package and its own submodule (pkg -> pkg.mod -> pkg)."""
+    nodes = cycle.split(" -> ")
+    return len(nodes) == 3 and (nodes[1].startswith(nodes[0] + ".") or nodes[0].startswith(nodes[1] + "."))
+
+
+def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
+    """The reader resolves relative and lazy imports: an upward one inside a function is found."""
+    path = tmp_path / "x.py"
+    path.write_text("def f():\n    from ..proxy.server import create_app\n    from . import turn\n")
+    found = _imports("jumpahead.core.x", path)
+    assert ("jumpahead.proxy.server", False) in found
+    assert ("jumpahead.core.turn", False) in found
+    assert RANK[_package("jumpahead.proxy.server")] > RANK[_package("jumpahead.core.x")]
+
+
+def test_policy_api_imports_nothing_of_jumpahead_at_import_time() -> None:
+    """`import jumpahead.policies.api` stays instant: a policy author's module loads no engine."""
+    path = ROOT / "policies" / "api.py"
+    assert [t for t, top in _imports("jumpahead.policies.api", path) if top and t.startswith("jumpahead.")] == []
+
+
+def test_the_checker_sees_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == ["a -> b -> c -> a"]
+    assert _init_only("jumpahead.x -> jumpahead.x.y -> jumpahead.x")

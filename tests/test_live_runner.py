@@ -11,7 +11,7 @@ from jumpahead.live.agent import ideal_calls
 from jumpahead.live.arms import parse_live_arms
 from jumpahead.live.oracle import render_call
 from jumpahead.live.summary import summarize, task_account, wilson
-from jumpahead.proxy.cli import main
+from jumpahead.app.cli import main
 
 
 def _turn(wall: float, prefill: float, decode: float, rounds: list[list], completion: int, sampled: int,

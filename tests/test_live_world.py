@@ -186,10 +186,10 @@ def _sample_trajectories() -> list[dict]:
 def test_training_text_is_what_the_server_renders(tokenizer):
     """At each assistant turn, the trainer's prompt (mlx-lm's apply_chat_template of the
     record) equals the server's prompt for the same conversation sent over the OpenAI
-    protocol (proxy/prompt.py): training and serving see the same tokens."""
+    protocol (core/prompt.py): training and serving see the same tokens."""
     from jumpahead.live.train import _ids
     from jumpahead.proxy.openai_chat import parse_chat_request
-    from jumpahead.proxy.prompt import render_prompt
+    from jumpahead.core.prompt import render_prompt
 
     for traj in _sample_trajectories()[::3]:
         record = json.loads(json.dumps(training_record(traj)))  # as read back from the JSONL
@@ -209,8 +209,8 @@ def test_assistant_turns_parse_back_to_the_same_calls(tokenizer):
     output parser, gives back the message's text and tool calls."""
     from jumpahead.live.train import _ids
     from jumpahead.proxy.openai_chat import parse_chat_request
-    from jumpahead.proxy.output_parser import OutputParser
-    from jumpahead.proxy.turn import ContentDelta
+    from jumpahead.core.output_parser import OutputParser
+    from jumpahead.core.turn import ContentDelta
 
     for traj in _sample_trajectories()[::2]:
         msgs, tools = traj["messages"], traj["tools"]
@@ -253,7 +253,7 @@ def msgs_call_args(message: dict) -> dict:
 
 
 def test_cli_knows_the_commands():
-    from jumpahead.proxy.cli import COMMANDS, build_parser
+    from jumpahead.app.cli import COMMANDS, build_parser
 
     assert "train-adapter" in COMMANDS and "eval-adapter" in COMMANDS
     args = build_parser("train-adapter").parse_args(["train-adapter", "--iters", "3", "--out", "x"])
@@ -263,7 +263,7 @@ def test_cli_knows_the_commands():
 
 
 def test_eval_adapter_lists_heldout_seeds(capsys):
-    from jumpahead.proxy.cli import main
+    from jumpahead.app.cli import main
 
     assert main(["eval-adapter", "--n", "5"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -207,9 +207,9 @@ def _aligned(pieces: list[str], **parser_kw) -> tuple[list[str], str]:
     from types import SimpleNamespace
 
     from jumpahead.engine.logprobs import TokenLogprob
-    from jumpahead.proxy.logprobs import ContentLogprobs, TokenText
-    from jumpahead.proxy.output_parser import OutputParser
-    from jumpahead.proxy.turn import TurnOutput
+    from jumpahead.core.logprobs import ContentLogprobs, TokenText
+    from jumpahead.core.output_parser import OutputParser
+    from jumpahead.core.turn import TurnOutput
 
     table = [p.encode() for p in pieces] + [b"<eos>"]
     fake = SimpleNamespace(tokenizer=None, token_bytes=lambda: table)

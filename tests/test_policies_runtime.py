@@ -42,7 +42,7 @@ WEATHER = {"name": "get_weather", "description": "Weather in a city",
 POLICIES = textwrap.dedent('''
     import dataclasses, json
     from jumpahead.policies import Intervention, Policy
-    from jumpahead.proxy.turn import Message
+    from jumpahead.core.turn import Message
 
     class SystemRewrite(Policy):
         """Replaces the system prompt; reports the rewritten prompt's token count."""
@@ -244,7 +244,7 @@ def test_toml_config(tmp_path, policy_dir):
 
 
 def _serve_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jumpahead.proxy.cli", "serve", *args],
+    return subprocess.run([sys.executable, "-m", "jumpahead.app.cli", "serve", *args],
                           capture_output=True, text=True, timeout=120, env=env)
 
 
@@ -488,7 +488,7 @@ def test_serve_with_policy_config_and_flag(tmp_path, policy_dir):
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(policy_dir), os.environ.get("PYTHONPATH", "")]),
            "JUMPAHEAD_HOME": str(tmp_path / "home")}
-    proc = subprocess.Popen([sys.executable, "-m", "jumpahead.proxy.cli", "serve", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "jumpahead.app.cli", "serve", "--port", str(port),
                              "--max-batch", "2", "--no-ssd-cache", "--no-fit", "--log-level", "warning",
                              "--policy-config", str(cfg), "--policy", f"{MODULE}:Counter"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -21,8 +21,8 @@ import pytest
 from jumpahead.policies.api import RequestContext, SessionState
 from jumpahead.policies.compaction import Compaction
 from jumpahead.policies.registry import PolicyError, parse_spec
-from jumpahead.proxy.prompt import render_prompt
-from jumpahead.proxy.turn import Message, ToolCall, Turn
+from jumpahead.core.prompt import render_prompt
+from jumpahead.core.turn import Message, ToolCall, Turn
 
 from .policy_sessions import SESSIONS, common_prefix, default_tokenizer, load_public
 
@@ -139,7 +139,7 @@ def test_oracle_jump_supplies_the_records_own_tokens() -> None:
 
     from jumpahead.policies.api import BoundaryEvent
     from jumpahead.policies.jump import OracleJump
-    from jumpahead.proxy.turn import Tool
+    from jumpahead.core.turn import Tool
 
     tokenizer = default_tokenizer()
     bash = Tool("bash", "Run a command", {"type": "object", "properties": {"command": {"type": "string"}},

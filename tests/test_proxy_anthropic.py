@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from jumpahead.proxy.anthropic_messages import MessagesStream, message_object, parse_messages_request
-from jumpahead.proxy.errors import APIError
-from jumpahead.proxy.turn import ContentDelta, ReasoningDelta, ToolCall, ToolCallDelta, TurnEnd, TurnOutput, Usage
+from jumpahead.core.errors import APIError
+from jumpahead.core.turn import ContentDelta, ReasoningDelta, ToolCall, ToolCallDelta, TurnEnd, TurnOutput, Usage
 
 from .conftest import shared_path
 

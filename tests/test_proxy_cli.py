@@ -7,12 +7,12 @@ import sys
 
 import pytest
 
-from jumpahead.proxy.cli import COMMANDS, build_parser, main
+from jumpahead.app.cli import COMMANDS, build_parser, main
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     code = (
-        "import sys\nfrom jumpahead.proxy.cli import main\n"
+        "import sys\nfrom jumpahead.app.cli import main\n"
         "try:\n    code = main()\nexcept SystemExit as e:\n    code = e.code\n"
         "print('MLX_LOADED' if 'mlx.core' in sys.modules else 'NO_MLX')\nsys.exit(code)"
     )

@@ -9,15 +9,15 @@ import orjson
 import pytest
 
 import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
-from jumpahead.proxy.errors import APIError
+from jumpahead.core.errors import APIError
 from jumpahead.proxy.openai_chat import (
     IMAGE_PLACEHOLDER,
     ChatStream,
     chat_completion,
     parse_chat_request,
 )
-from jumpahead.proxy.prompt import _systems_first, _systems_into_user, render_prompt, template_messages
-from jumpahead.proxy.turn import (
+from jumpahead.core.prompt import _systems_first, _systems_into_user, render_prompt, template_messages
+from jumpahead.core.turn import (
     ContentDelta,
     ReasoningDelta,
     ToolCall,

@@ -14,9 +14,9 @@ import orjson
 import pytest
 
 import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
-from jumpahead.proxy.output_parser import OutputParser
-from jumpahead.proxy.tool_stream import partial_json
-from jumpahead.proxy.turn import ContentDelta, ReasoningDelta, Tool, ToolCallDelta
+from jumpahead.core.output_parser import OutputParser
+from jumpahead.core.tool_stream import partial_json
+from jumpahead.core.turn import ContentDelta, ReasoningDelta, Tool, ToolCallDelta
 
 BASH = Tool("bash", "Run a shell command", {
     "type": "object",

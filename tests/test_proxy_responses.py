@@ -7,7 +7,7 @@ import json
 import orjson
 import pytest
 
-from jumpahead.proxy.errors import APIError
+from jumpahead.core.errors import APIError
 from jumpahead.proxy.openai_responses import (
     assistant_message,
     call_item,
@@ -17,7 +17,7 @@ from jumpahead.proxy.openai_responses import (
 )
 from jumpahead.proxy.response_store import ResponseStore, StoredResponse
 from jumpahead.proxy.responses_stream import ResponsesStream
-from jumpahead.proxy.turn import (
+from jumpahead.core.turn import (
     ContentDelta,
     Message,
     ReasoningDelta,

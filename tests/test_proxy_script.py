@@ -11,9 +11,9 @@ import pytest
 
 import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
 from jumpahead.engine.proposal import RowView
-from jumpahead.proxy.errors import APIError
-from jumpahead.proxy.runner import complete_turn, prepare_turn
-from jumpahead.proxy.script import (
+from jumpahead.core.errors import APIError
+from jumpahead.core.runner import complete_turn, prepare_turn
+from jumpahead.core.script import (
     Script,
     ScriptedCall,
     ScriptedProposer,
@@ -24,7 +24,7 @@ from jumpahead.proxy.script import (
     render_turn,
     turn_tokens,
 )
-from jumpahead.proxy.turn import Message, Tool, Turn, TurnOutput
+from jumpahead.core.turn import Message, Tool, Turn, TurnOutput
 
 from .serving import script_engine
 
@@ -87,7 +87,7 @@ def test_load_and_claim_in_order(tmp_path: Path):
 
 
 def test_render_turn_in_the_model_format_parses_back(loaded_model):
-    from jumpahead.proxy.output_parser import OutputParser
+    from jumpahead.core.output_parser import OutputParser
 
     tokenizer = loaded_model[1]
     text = render_turn(tokenizer, TURN, tools=[WRITE])

@@ -18,9 +18,9 @@ import pytest
 from jumpahead.proxy.anthropic_messages import message_object, parse_messages_request
 from jumpahead.bench.thinking_cache import TURNS, reasoning_template_folder, session
 from jumpahead.proxy.openai_responses import parse_responses_request, reasoning_item
-from jumpahead.proxy.script import Script
+from jumpahead.core.script import Script
 from jumpahead.proxy.signing import Signer
-from jumpahead.proxy.turn import TurnOutput
+from jumpahead.core.turn import TurnOutput
 
 from .serving import serve
 

@@ -1,4 +1,4 @@
-"""Forced and live replay (traces/replay.py, traces/replay_command.py) on the real
+"""Forced and live replay (traces/replay.py, app/replay_command.py) on the real
 default model: arms emit exactly the recorded tokens, supply tokens where they can,
 keep their own prefix caches, and a wrong asserted intervention diverges the turn."""
 
@@ -16,7 +16,7 @@ import pytest
 
 import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
 from jumpahead.engine.proposal import Proposal
-from jumpahead.proxy.exchange import BaseHooks
+from jumpahead.core.exchange import BaseHooks
 from jumpahead.traces.arms import Arm, ArmError, ArmSpec, parse_arm, parse_arms, split_arms
 from jumpahead.traces.replay import ReplayOptions, forced_output, plan_session, replay
 from jumpahead.traces.session import Session, SessionMessage, SessionToolCall
@@ -259,7 +259,7 @@ def _write_session(path: Path, final_text: bool = True) -> None:
 
 
 def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "jumpahead.proxy.cli", "replay", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "jumpahead.app.cli", "replay", *args], capture_output=True,
                           text=True, timeout=timeout, cwd=REPO)
 
 
@@ -297,7 +297,7 @@ def test_live_replay_serves_the_recorded_turns(tmp_path):
     _write_session(path)
     port = free_port()
     env = {**os.environ, "JUMPAHEAD_HOME": str(tmp_path / "home")}
-    proc = subprocess.Popen([sys.executable, "-m", "jumpahead.proxy.cli", "replay", "--live", str(path), "--port",
+    proc = subprocess.Popen([sys.executable, "-m", "jumpahead.app.cli", "replay", "--live", str(path), "--port",
                              str(port), "--no-ssd-cache", "--log-level", "warning"], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jumpahead.proxy.cli import COMMANDS
+from jumpahead.app.cli import COMMANDS
 from jumpahead.traces import analysis as A
 from jumpahead.traces.session import Session, SessionMessage, SessionToolCall
 
@@ -42,7 +42,7 @@ FIGURE_IDS = ["time-per-arm", "saving-per-turn", "saving-vs-span", "tokens-by-pr
 
 
 def jumpahead(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "jumpahead.proxy.cli", *args],
+    return subprocess.run([sys.executable, "-m", "jumpahead.app.cli", *args],
                           capture_output=True, text=True, timeout=120)
 
 

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from jumpahead.proxy.compaction_item import compact_threshold, compaction_item, open_item
-from jumpahead.proxy.errors import APIError
+from jumpahead.core.errors import APIError
 from jumpahead.proxy.signing import Signer
-from jumpahead.proxy.turn import Message, ToolCall
+from jumpahead.core.turn import Message, ToolCall
 
 openai = pytest.importorskip("openai")
 

@@ -7,7 +7,7 @@ import sys
 
 
 def _serve(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jumpahead.proxy.cli", "serve", *args],
+    return subprocess.run([sys.executable, "-m", "jumpahead.app.cli", "serve", *args],
                           capture_output=True, text=True, timeout=120)
 
 

@@ -16,7 +16,7 @@ from .serving import free_port, interrupt
 def test_serve_subprocess_answers_and_stops_on_sigint():
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jumpahead.proxy.cli", "serve", "--port", str(port), "--max-batch", "2",
+        [sys.executable, "-m", "jumpahead.app.cli", "serve", "--port", str(port), "--max-batch", "2",
          "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
@@ -40,6 +40,6 @@ def test_serve_subprocess_answers_and_stops_on_sigint():
 
 
 def test_serve_bad_model_exits_2():
-    out = subprocess.run([sys.executable, "-m", "jumpahead.proxy.cli", "serve", "--model", "/nonexistent/model"],
+    out = subprocess.run([sys.executable, "-m", "jumpahead.app.cli", "serve", "--model", "/nonexistent/model"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "cannot load model" in out.stderr

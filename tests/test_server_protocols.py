@@ -21,7 +21,7 @@ import pytest
 
 import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
 from jumpahead.engine.types import TokenChunk
-from jumpahead.proxy.script import Script, ScriptedCall, ScriptTurn
+from jumpahead.core.script import Script, ScriptedCall, ScriptTurn
 
 from .conftest import SHARED
 from .serving import script_engine, serve, sse_events
@@ -187,7 +187,7 @@ TWO_TOOLS = [
 
 def test_anthropic_disable_parallel_tool_use_answers_with_one_tool_use(engine):
     from jumpahead.proxy.anthropic_messages import parse_messages_request
-    from jumpahead.proxy.runner import strict_fill_fields
+    from jumpahead.core.runner import strict_fill_fields
 
     messages = [{"role": "user", "content": "What is the weather in Paris? And what is 2 + 3?"}]
     body = {"model": "m", "max_tokens": 160, "messages": messages, "tools": TWO_TOOLS}
@@ -231,7 +231,7 @@ def test_parallel_tool_calls_false_under_auto_ends_the_turn_after_the_first_call
 
 
 def _one_call_each_protocol(engine) -> None:
-    from jumpahead.proxy.script import render_turn, turn_tokens
+    from jumpahead.core.script import render_turn, turn_tokens
 
 
     calls = [ScriptedCall("get_weather", {"city": "Paris"}), ScriptedCall("add", {"a": 2, "b": 3})]

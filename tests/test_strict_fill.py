@@ -276,8 +276,8 @@ def test_scaffold_fires_only_in_a_tool_call(engine, loaded_model, pi_tools):
 def test_proxy_maps_tool_choice_and_response_format(engine, pi_tools):
     import asyncio
 
-    from jumpahead.proxy.runner import complete_turn, prepare_turn
-    from jumpahead.proxy.turn import Message, Tool, ToolChoice, Turn
+    from jumpahead.core.runner import complete_turn, prepare_turn
+    from jumpahead.core.turn import Message, Tool, ToolChoice, Turn
 
     tools = [Tool(t["function"]["name"], t["function"]["description"], t["function"]["parameters"]) for t in pi_tools]
     turn = Turn(messages=[Message("user", "Run ls")], tools=tools, tool_choice=ToolChoice("function", "bash"),

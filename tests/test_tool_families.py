@@ -109,7 +109,7 @@ def rendered_calls(family: str, tokenizer: Any, calls: list[tuple[str, dict]]) -
 def own_parse(family: str, tokenizer: Any, raw: str) -> list[tuple[str, dict]]:
     """The calls in `raw`, read by the family's own parser: mlx-lm's where it has one,
     split at mlx-lm's markers; else jumpahead's (the family module's)."""
-    from jumpahead.proxy.tool_parsers import tool_markers
+    from jumpahead.core.tool_parsers import tool_markers
 
     start, end, parser, fam = tool_markers(tokenizer)
     assert fam is not None and fam.name == family and parser is not None
@@ -206,7 +206,7 @@ def test_family_parser_reads_the_template_rendering(tokenizers, family):
 
 
 def test_jumpahead_parsers_on_other_layouts():
-    from jumpahead.proxy.tool_parsers import parse_deepseek, parse_harmony, parse_llama3_json
+    from jumpahead.core.tool_parsers import parse_deepseek, parse_harmony, parse_llama3_json
 
     r1 = ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n```json\n{"a": 1, "b": 2}\n```'
           '<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{"city": "Rome"}\n```'
@@ -290,16 +290,16 @@ def test_required_answers_in_the_family_format_over_http(default_folder, tmp_pat
 
 
 def _turn(**kw: Any) -> Any:
-    from jumpahead.proxy.turn import Message, Tool, ToolChoice, Turn
+    from jumpahead.core.turn import Message, Tool, ToolChoice, Turn
 
     tools = [Tool(t["function"]["name"], t["function"]["description"], t["function"]["parameters"]) for t in TOOLS]
     return Turn(messages=[Message("user", "hi")], tools=tools, tool_choice=kw.pop("choice", ToolChoice("required")), **kw)
 
 
 def test_tool_choice_maps_to_the_family_grammar(tokenizers):
-    from jumpahead.proxy.errors import APIError
-    from jumpahead.proxy.runner import strict_fill_fields
-    from jumpahead.proxy.turn import ToolChoice
+    from jumpahead.core.errors import APIError
+    from jumpahead.core.runner import strict_fill_fields
+    from jumpahead.core.turn import ToolChoice
 
     for family, tok in tokenizers.items():
         turn = _turn()
@@ -323,8 +323,8 @@ def test_tool_choice_maps_to_the_family_grammar(tokenizers):
 
 @pytest.mark.parametrize("family", ["harmony", "deepseek_v3", "llama3_json"])
 def test_output_parser_reads_families_mlx_lm_has_no_parser_for(tokenizers, family):
-    from jumpahead.proxy.output_parser import OutputParser
-    from jumpahead.proxy.turn import ToolCallDelta
+    from jumpahead.core.output_parser import OutputParser
+    from jumpahead.core.turn import ToolCallDelta
 
     tok = tokenizers[family]
     text = {"harmony": '<|channel|>commentary to=functions.get_weather<|constrain|>json<|message|>{"city": "Paris"}'

@@ -52,7 +52,7 @@ STATED = f"I will create hello.py with this content:\n```python\n{CONTENT}```\nN
 
 
 def _tools() -> list[Any]:
-    from jumpahead.proxy.turn import Tool
+    from jumpahead.core.turn import Tool
 
     return [Tool(t["function"]["name"], t["function"]["description"], t["function"]["parameters"])
             for t in [*TOOLS, WRITE_TOOL]]
@@ -60,7 +60,7 @@ def _tools() -> list[Any]:
 
 def server_parse(tok: Any, text: str) -> list[tuple[str, dict]]:
     """The calls the server's output parser reads from `text` (fed in small pieces)."""
-    from jumpahead.proxy.output_parser import OutputParser
+    from jumpahead.core.output_parser import OutputParser
 
     parser = OutputParser.for_tokenizer(tok, _tools())
     for i in range(0, len(text), 5):
@@ -178,7 +178,7 @@ def test_completion_from_every_prefix(tokenizers, family):
 @pytest.mark.parametrize("family", ALL)
 def test_tracker_crosses_the_name_and_each_key(tokenizers, family):
     from jumpahead.policies.tracker import OutputTracker
-    from jumpahead.proxy.output_parser import OutputParser
+    from jumpahead.core.output_parser import OutputParser
 
     tok = tokenizers[family]
     text = "Sure." + ("\n" if family != "llama3_json" else " ") + TABLE[family].write(CALLS_2)
@@ -199,8 +199,8 @@ def _cut(family: str, full: str) -> int:
 
 
 def _context(tok: Any) -> str:
-    from jumpahead.proxy.prompt import render_prompt
-    from jumpahead.proxy.turn import Message, Turn
+    from jumpahead.core.prompt import render_prompt
+    from jumpahead.core.turn import Message, Turn
 
     return tok.decode(render_prompt(tok, Turn(messages=[Message("user", "Create hello.py")], tools=_tools())))
 
@@ -216,7 +216,7 @@ def _event(tok: Any, family: str, output: str, boundary: str = "argument_key") -
 
 def _policy(cls: Any, tok: Any, extra: dict | None = None) -> Any:
     from jumpahead.policies.api import RequestContext, SessionState
-    from jumpahead.proxy.turn import Message, Turn
+    from jumpahead.core.turn import Message, Turn
 
     p = cls()
     turn = Turn(messages=[Message("user", "x")], tools=_tools(), extra=extra or {})
@@ -296,9 +296,9 @@ def test_jump_end_to_end_in_the_family_format(default_folder, tmp_path, family):
     from jumpahead.engine.loader import load_model
     from jumpahead.engine.types import SamplingParams
     from jumpahead.policies.runtime import PolicyHooks
-    from jumpahead.proxy.exchange import Exchange
-    from jumpahead.proxy.runner import complete_turn, prepare_turn
-    from jumpahead.proxy.turn import Message, Turn
+    from jumpahead.core.exchange import Exchange
+    from jumpahead.core.runner import complete_turn, prepare_turn
+    from jumpahead.core.turn import Message, Turn
 
     model, tok, info = load_model(str(family_folder(default_folder, tmp_path, family)), progress=lambda s: None)
     fam = TABLE[family]

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from jumpahead.proxy.script import Script, ScriptedCall, ScriptTurn
+from jumpahead.core.script import Script, ScriptedCall, ScriptTurn
 
 from .serving import serve
 
@@ -167,7 +167,7 @@ def test_cut_off_call_stays_a_partial_call_in_every_protocol(engine):
 
 
 def _partial_content(arguments: str) -> str:
-    from jumpahead.proxy.tool_stream import partial_json
+    from jumpahead.core.tool_stream import partial_json
 
     value = partial_json(arguments)
     assert isinstance(value, dict) and value.get("path") == "hello.py", arguments
@@ -241,7 +241,7 @@ def test_model_written_call_streams_in_responses(decoding_url):
 
 
 def _parser_events(text: str, tools, chunk: int = 3):
-    from jumpahead.proxy.output_parser import OutputParser
+    from jumpahead.core.output_parser import OutputParser
 
     parser = OutputParser(tool_start="<tool_call>", tool_end="</tool_call>",
                           tool_parser=lambda body, _tools: json.loads(body), tools=tools)
@@ -254,7 +254,7 @@ def _parser_events(text: str, tools, chunk: int = 3):
 def test_custom_tool_input_streams_as_its_string():
     from jumpahead.proxy.openai_responses import CUSTOM_INPUT_SCHEMA, parse_responses_request
     from jumpahead.proxy.responses_stream import ResponsesStream
-    from jumpahead.proxy.turn import Tool, TurnEnd, Usage
+    from jumpahead.core.turn import Tool, TurnEnd, Usage
 
     patch = "*** Begin Patch\n*** Add File: a.py\n+print(\"h\u00e9llo\")\n*** End Patch\n"
     body = json.dumps({"name": "apply_patch", "arguments": {"input": patch}})
@@ -270,7 +270,7 @@ def test_custom_tool_input_streams_as_its_string():
 
 
 def test_streamed_arguments_are_always_a_prefix_of_the_final_ones():
-    from jumpahead.proxy.turn import Tool, ToolCallArgs, ToolCallDelta, ToolCallStart
+    from jumpahead.core.turn import Tool, ToolCallArgs, ToolCallDelta, ToolCallStart
 
     args = {"a": 1.5, "b": [1, 20, {"c": "x\"y\\z"}], "d": True, "e": None, "n": -12, "big": 1e21,
             "u": "\u4e16\U0001F600"}

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
-from jumpahead.proxy.script import Script, ScriptedCall, ScriptTurn
+from jumpahead.core.script import Script, ScriptedCall, ScriptTurn
 from jumpahead.traces.delta import DeltaError, decode, encode
 from jumpahead.traces.formats import load_session
 from jumpahead.traces.recorder import TraceRecorder, dumps_line
@@ -109,7 +109,7 @@ def test_cli_expand_prints_every_turn_whole(tmp_path):
     assert all("delta" in line for line in raw[1:])
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "jumpahead.proxy.cli", "traces", "expand", *args],
+        return subprocess.run([sys.executable, "-m", "jumpahead.app.cli", "traces", "expand", *args],
                               capture_output=True, text=True, timeout=120)
 
     done = cli(str(path))

@@ -23,11 +23,11 @@ import httpx
 import pytest
 
 import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
-from jumpahead.proxy.exchange import BaseHooks
-from jumpahead.proxy.prompt import render_prompt
-from jumpahead.proxy.script import Script, ScriptedCall, ScriptTurn
-from jumpahead.proxy.session_identity import conversation_session_id
-from jumpahead.proxy.turn import Message, Turn
+from jumpahead.core.exchange import BaseHooks
+from jumpahead.core.prompt import render_prompt
+from jumpahead.core.script import Script, ScriptedCall, ScriptTurn
+from jumpahead.core.session_identity import conversation_session_id
+from jumpahead.core.turn import Message, Turn
 from jumpahead.traces.formats import load_session
 from jumpahead.traces.recorder import TraceError, TraceRecorder
 from jumpahead.traces.trace_file import read_trace
@@ -308,7 +308,7 @@ def test_a_turn_the_client_leaves_is_recorded_as_cancelled(live, engine):
 def test_a_response_format_is_recorded_and_replay_asks_with_it(live, engine):
     """A JSON response format is a grammar: the trace's context keeps it (and nothing of
     the per-request options or metadata), so the imported turn asks with the same grammar."""
-    from jumpahead.proxy.runner import strict_fill_fields
+    from jumpahead.core.runner import strict_fill_fields
 
     url, directory, _ = live
     body = {"model": "m", "max_tokens": 12, "temperature": 0, "response_format": {"type": "json_object"},
@@ -362,7 +362,7 @@ def test_hostile_session_ids_stay_inside_the_trace_dir(live, tmp_path):
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "jumpahead.proxy.cli", "serve", *args]
+    return [sys.executable, "-m", "jumpahead.app.cli", "serve", *args]
 
 
 def test_trace_dir_that_cannot_be_made_is_a_cli_error(tmp_path):

@@ -38,7 +38,7 @@ from typing import Any
 import pytest
 
 import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
-from jumpahead.proxy.prompt import render_prompt
+from jumpahead.core.prompt import render_prompt
 from jumpahead.traces.arms import parse_arm, parse_arms
 from jumpahead.traces.formats import load_session, load_sessions
 from jumpahead.traces.recorder import TraceRecorder

@@ -99,7 +99,7 @@ def replicas(module_scratch) -> Iterator[list[dict[str, Any]]]:
             port, traces = free_port(), module_scratch / f"upstream{k}-traces"
             cache = module_scratch / f"upstream{k}-cache"
             traces.mkdir()
-            proc = _spawn([sys.executable, "-m", "jumpahead.proxy.cli", "serve", "--port", str(port),
+            proc = _spawn([sys.executable, "-m", "jumpahead.app.cli", "serve", "--port", str(port),
                            "--max-batch", "2", "--no-ssd-cache", "--prefix-cache-dir", str(cache),
                            "--trace-dir", str(traces), "--log-level", "warning"],
                           module_scratch / f"upstream{k}.log")
@@ -185,8 +185,8 @@ def test_structured_deltas_become_model_text_the_parser_reads_back(tokenizer) ->
     """Streamed structured calls (name first, arguments in pieces) and reasoning are
     written in the model's format; the proxy's own parser turns them back into the
     same calls. A call a continued prefix opened is completed, not repeated."""
-    from jumpahead.proxy.output_parser import OutputParser
-    from jumpahead.proxy.turn import Tool, TurnOutput
+    from jumpahead.core.output_parser import OutputParser
+    from jumpahead.core.turn import Tool, TurnOutput
 
     tools = [Tool("read", "", READ_TOOL["function"]["parameters"])]
     text = OutputText(tokenizer)
@@ -257,7 +257,7 @@ def test_script_mode_upstream_serves_recorded_turns_without_the_upstream(tokeniz
     """serve --script / replay --live in upstream mode: each request gets the next
     recorded turn (tool calls through the real parser), recorded as `scripted`; the
     upstream (here: nothing listening) is never asked."""
-    from jumpahead.proxy.script import Script, parse_script
+    from jumpahead.core.script import Script, parse_script
 
     script = Script(parse_script(json.dumps([
         {"reasoning": "Read it.", "tool_calls": [{"name": "read", "arguments": {"path": "notes.txt"}}]},
@@ -449,7 +449,7 @@ def test_mlx_lm_server_upstream_through_the_cli(mlx_server, scratch) -> None:
     anthropic = pytest.importorskip("anthropic")
     port = free_port()
     log = scratch / "front.log"
-    proc = _spawn([sys.executable, "-m", "jumpahead.proxy.cli", "serve", "--port", str(port),
+    proc = _spawn([sys.executable, "-m", "jumpahead.app.cli", "serve", "--port", str(port),
                    "--upstream", mlx_server, "--log-level", "info"], log)
     url = f"http://127.0.0.1:{port}"
     try:

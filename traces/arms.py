@@ -169,7 +169,7 @@ def parse_arms(text: str | list[str]) -> list[Arm]:
 
 
 def policy_hooks(arm: Arm, engine: "Engine") -> list[Any]:
-    """The proxy hooks (proxy/exchange.py) that run the arm's policies on `engine`:
+    """The proxy hooks (core/exchange.py) that run the arm's policies on `engine`:
     the policy runtime (policies/runtime.py PolicyHooks) with the arm's specs as the
     server's, exactly as `serve --policy` runs them, plus any hooks the arm carries
     (tests, custom studies). A replayed turn goes through prepare_turn's

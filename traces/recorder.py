@@ -1,6 +1,6 @@
 """The trace recorder: one JSONL file per agent session (`jumpahead serve --trace-dir`).
 
-A hook (proxy/exchange.py) that writes, at the end of every answered turn, one line
+A hook (core/exchange.py) that writes, at the end of every answered turn, one line
 with what the client sent (secrets redacted), the context the model saw (after
 policies), the answer with each output token's provenance, timings, usage and the
 policies' interventions. Each line goes to the file in one `write()` of the complete
@@ -23,10 +23,10 @@ from typing import Any
 import orjson
 
 from jumpahead.engine.interface import Engine
-from jumpahead.proxy.exchange import BaseHooks, Exchange
-from jumpahead.proxy.prompt import continues_final_message
-from jumpahead.proxy.session_identity import safe_file_stem
-from jumpahead.proxy.turn import TurnOutput
+from jumpahead.core.exchange import BaseHooks, Exchange
+from jumpahead.core.prompt import continues_final_message
+from jumpahead.core.session_identity import safe_file_stem
+from jumpahead.core.turn import TurnOutput
 
 from .delta import encode
 from .trace_file import FORMAT, VERSION, read_trace

@@ -4,7 +4,7 @@ For each selected assistant turn of a session, the prompt is the session's histo
 before it, rendered with the serving model's chat template (Session.turn -> the proxy
 runner, exactly as a served request), and the output is forced to the recorded
 assistant message (reasoning, text, tool calls) rendered in the model's own format
-(proxy/script.py render_turn + turn_tokens, ending with EOS). `ForcedOutput`
+(core/script.py render_turn + turn_tokens, ending with EOS). `ForcedOutput`
 (traces/forcing.py) makes each plain round emit the recorded token, so the `ordinary`
 arm spends one decode round per token as the model would, and verified proposals are
 accepted exactly where they match the record. Every arm runs the same turns on its
@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jumpahead.engine.interface import Engine
-from jumpahead.proxy.exchange import Exchange
-from jumpahead.proxy.prompt import prompt_opens_reasoning
-from jumpahead.proxy.runner import complete_turn, prepare_turn
-from jumpahead.proxy.script import ScriptedCall, ScriptTurn, render_turn, turn_tokens
+from jumpahead.core.exchange import Exchange
+from jumpahead.core.prompt import prompt_opens_reasoning
+from jumpahead.core.runner import complete_turn, prepare_turn
+from jumpahead.core.script import ScriptedCall, ScriptTurn, render_turn, turn_tokens
 
 from .arms import BASELINE, Arm, policy_hooks
 from .recorded import recorded_output
@@ -77,7 +77,7 @@ class PlannedTurn:
 
 
 def script_turn(message: SessionMessage) -> ScriptTurn:
-    """A recorded assistant message as a script turn (proxy/script.py)."""
+    """A recorded assistant message as a script turn (core/script.py)."""
     return ScriptTurn(text=message.content or "", reasoning=message.reasoning or "",
                       tool_calls=[ScriptedCall(c.name, _arguments(c.arguments)) for c in message.tool_calls])
 

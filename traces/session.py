@@ -121,7 +121,7 @@ class Session:
 
     def turn_messages(self, upto: int) -> list[Any]:
         """The proxy's `Message`s the agent sent before message `upto` (context_indices)."""
-        from jumpahead.proxy.turn import Message, ToolCall
+        from jumpahead.core.turn import Message, ToolCall
 
         out = []
         for i in self.context_indices(upto):
@@ -139,7 +139,7 @@ class Session:
         Where the source recorded the request's tool choice and thinking switch (our own
         traces, in the message's meta), the Turn asks with them: a required or named
         tool choice constrains the answer (and strict fill) by a grammar."""
-        from jumpahead.proxy.turn import Tool, ToolChoice, Turn
+        from jumpahead.core.turn import Tool, ToolChoice, Turn
 
         if self.messages[index].role != "assistant":
             raise ValueError(f"message {index} is a {self.messages[index].role} message, not an assistant turn")

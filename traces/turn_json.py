@@ -10,7 +10,7 @@ from dataclasses import asdict
 from typing import Any
 
 from jumpahead.engine.types import SamplingParams
-from jumpahead.proxy.turn import Message, Tool, ToolCall, ToolChoice, Turn
+from jumpahead.core.turn import Message, Tool, ToolCall, ToolChoice, Turn
 
 
 def call_to_json(call: ToolCall) -> dict[str, Any]:

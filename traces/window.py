@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from jumpahead.proxy.prompt import render_prompt
+from jumpahead.core.prompt import render_prompt
 
 from .session import Session
 
@@ -65,7 +65,7 @@ def windowed_turn(session: Session, index: int, anchor: int | None, system_cut: 
     where = session.context_indices(index)
     head = msgs[:1] if _has_system(session) and where[:1] == [0] else []
     if head and system_cut is not None:
-        from jumpahead.proxy.turn import Message
+        from jumpahead.core.turn import Message
 
         ids = tokenizer.encode(head[0].content or "", add_special_tokens=False)[:system_cut]
         head = [Message(role="system", content=tokenizer.decode(ids))]

@@ -37,11 +37,11 @@ import orjson
 from jumpahead.engine.proposal import Proposal, RowView
 from jumpahead.engine.types import EngineError, GenerationRequest, Timings, TokenChunk
 
-from ..errors import APIError
-from ..exchange import BaseHooks, Exchange
-from ..prompt import prompt_opens_reasoning
-from ..script import ScriptedProposer
-from ..turn import Turn
+from jumpahead.core.errors import APIError
+from jumpahead.core.exchange import BaseHooks, Exchange
+from jumpahead.core.prompt import prompt_opens_reasoning
+from jumpahead.core.script import ScriptedProposer
+from jumpahead.core.turn import Turn
 from .replicas import Replica, ReplicaSet
 from .translate import OutputText, chat_body
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..turn import Turn
+from jumpahead.core.turn import Turn
 
 DEFAULT_TOOL_MARKERS = ("<tool_call>", "</tool_call>")
 

@@ -42,7 +42,7 @@ class PreparedTurn:
     scripted: ScriptedProposer | None = None  # script mode: the turn's continuation
     script_turn: int | None = None  # script mode: which turn of the script (0-based)
     exchange: Exchange | None = None  # the HTTP exchange (session, protocol, headers)
-    hooks: list[Any] = field(default_factory=list)  # app.state.hooks (proxy/exchange.py)
+    hooks: list[Any] = field(default_factory=list)  # app.state.hooks (core/exchange.py)
     # What the row emitted, token by token: ids, provenance kinds, copy sources (filled
     # by stream_turn; the recorder and replay read it).
     output_tokens: list[int] = field(default_factory=list)
@@ -88,7 +88,7 @@ def prepare_turn(engine: Engine, turn: Turn, script: Script | None = None, excha
     """Render and validate. Raises APIError(400) for a Turn the model cannot run.
 
     With a `script`, the next scripted turn becomes the continuation (asserted tokens);
-    it is consumed only when the request is valid. `hooks` (proxy/exchange.py) may
+    it is consumed only when the request is valid. `hooks` (core/exchange.py) may
     rewrite the Turn before rendering and add proposers to the row.
     """
     hooks = list(hooks or [])

@@ -6,8 +6,8 @@ re-drives each session's last assistant turns through the engine under paired ar
 
 Live replay: `jumpahead replay --live SESSION [--port P] [serve options]` serves the
 session's recorded assistant turns, in order, to a real client: the session becomes a
-script (proxy/script.py) and the server starts exactly as `jumpahead serve --script`
-does (proxy/serve.py run), so an agent can be re-run against changed policies
+script (core/script.py) and the server starts exactly as `jumpahead serve --script`
+does (app/serve.py run), so an agent can be re-run against changed policies
 (`--policy`) and compared.
 """
 
@@ -19,9 +19,9 @@ import sys
 import tempfile
 from typing import Any
 
-from jumpahead.proxy import serve
+from . import serve
 
-from .arms import ARMS
+from jumpahead.traces.arms import ARMS
 
 DEFAULT_ARMS = "ordinary,strict,echo"
 
@@ -34,7 +34,7 @@ def _count(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .replay import DEFAULT_MAX_CONTEXT, DEFAULT_MAX_OUTPUT, DEFAULT_TURNS
+    from jumpahead.traces.replay import DEFAULT_MAX_CONTEXT, DEFAULT_MAX_OUTPUT, DEFAULT_TURNS
 
     parser.add_argument("sessions", nargs="+", metavar="SESSION",
                         help="session files in any format `jumpahead traces import` reads")
@@ -70,7 +70,7 @@ def _fail(message: str) -> int:
 
 
 def _load(paths: list[str], fmt: str | None) -> list[Any]:
-    from .formats import UnknownFormat, load_sessions
+    from jumpahead.traces.formats import UnknownFormat, load_sessions
 
     sessions = []
     for path in paths:
@@ -89,7 +89,7 @@ def _load(paths: list[str], fmt: str | None) -> list[Any]:
 def run(args: argparse.Namespace) -> int:
     if args.live:
         return run_live(args)
-    from .arms import ArmError, parse_arms
+    from jumpahead.traces.arms import ArmError, parse_arms
 
     try:
         arms = parse_arms(args.arms)
@@ -101,11 +101,11 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
 
     import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
-    from jumpahead.bench.output import emit
+    from jumpahead.core.output import emit
     from jumpahead.engine.loader import load_model
 
-    from .progress import Progress
-    from .replay import ReplayOptions, replay
+    from jumpahead.traces.progress import Progress
+    from jumpahead.traces.replay import ReplayOptions, replay
 
     options = ReplayOptions(arms, turns=args.turns or None, max_context=args.max_context or None,
                             max_output_tokens=args.max_output_tokens or None, max_proposal=args.max_proposal,
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:
         return _fail(f"cannot load model {args.model or '(default)'}: {type(exc).__name__}: {exc}")
     if args.show_reasoning:
-        from .templates import TemplateError, showing_reasoning
+        from jumpahead.traces.templates import TemplateError, showing_reasoning
 
         try:
             loaded = (loaded[0], showing_reasoning(loaded[1]), loaded[2])
@@ -132,10 +132,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def write_script(session: Any, path: str) -> int:
-    """The session's assistant turns as a script file (proxy/script.py JSONL); how many."""
+    """The session's assistant turns as a script file (core/script.py JSONL); how many."""
     import orjson
 
-    from .replay import script_turn
+    from jumpahead.traces.replay import script_turn
 
     n = 0
     with open(path, "wb") as fh:

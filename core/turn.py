@@ -83,7 +83,7 @@ class Turn:
     include_usage: bool = False  # streaming: send a usage record at the end
     thinking: bool | None = None  # None: the chat template's default
     model: str | None = None  # the name the client asked for
-    # Logprobs of the content tokens (proxy/logprobs.py): None = not asked; N = with
+    # Logprobs of the content tokens (core/logprobs.py): None = not asked; N = with
     # the N most likely alternatives per token.
     logprobs: int | None = None
     # Protocol fields kept for traces and policies (e.g. reasoning_effort, metadata).
@@ -117,7 +117,7 @@ class ReasoningDelta:
 @dataclass
 class ContentDelta:
     text: str
-    # OpenAI logprob entries of the tokens this text came from (proxy/logprobs.py);
+    # OpenAI logprob entries of the tokens this text came from (core/logprobs.py);
     # None when the request did not ask for logprobs.
     logprobs: list[dict[str, Any]] | None = None
 

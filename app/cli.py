@@ -15,11 +15,11 @@ from collections.abc import Sequence
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("jumpahead.proxy.serve", "run the model server (OpenAI-compatible API)"),
+    "serve": ("jumpahead.app.serve", "run the model server (OpenAI-compatible API)"),
     "bench": ("jumpahead.bench.command", "run a benchmark and print JSON (decode, fill, cache, attention)"),
     "report": ("jumpahead.traces.report", "build an HTML report from replay/analysis JSON"),
     "traces": ("jumpahead.traces.command", "import and analyse agent sessions"),
-    "replay": ("jumpahead.traces.replay_command",
+    "replay": ("jumpahead.app.replay_command",
                "replay recorded sessions under paired arms (forced) or to a real client (--live)"),
     "live": ("jumpahead.live.runner", "run tasks of the live task world per arm, paired by seed, through real servers"),
     "train-adapter": ("jumpahead.live.train", "train the LoRA adapter that teaches the default model the task world's tools"),

@@ -61,7 +61,7 @@ def exit_on_sigterm() -> None:
 
 
 class ServerProcess:
-    """`python -m jumpahead.proxy.cli serve ARGS --port P` (or `command` ARGS --port P; in `cwd`, with `env` added to
+    """`python -m jumpahead.app.cli serve ARGS --port P` (or `command` ARGS --port P; in `cwd`, with `env` added to
     the environment), its log in `log_path`. The constructor waits until it answers,
     unless `wait` is False: then call wait_healthy (several servers start side by side)."""
 
@@ -75,7 +75,7 @@ class ServerProcess:
         self._t0 = time.monotonic()
         self.start_s = 0.0  # seconds from start to the first 200 of /health, once it answered
         self.proc = subprocess.Popen(
-            [*(command or [sys.executable, "-m", "jumpahead.proxy.cli", "serve"]), *args, "--port", str(self.port)],
+            [*(command or [sys.executable, "-m", "jumpahead.app.cli", "serve"]), *args, "--port", str(self.port)],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, cwd=cwd,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )

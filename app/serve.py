@@ -90,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--script-prompt-limit", type=_positive, default=None, metavar="N",
                         help="script mode: cut longer prompts to N tokens (head and tail) before prefill; "
                              "the scripted answer does not depend on them (default: the model's context)")
-    from .upstream.serve import add_arguments as add_upstream_arguments
+    from .upstream_serve import add_arguments as add_upstream_arguments
 
     add_upstream_arguments(parser)
     parser.add_argument("--api-key", default=None, metavar="KEY",
@@ -147,7 +147,7 @@ def _policy_specs(args: argparse.Namespace) -> list:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("jumpahead.serve")
-    from .access import access_config
+    from jumpahead.proxy.access import access_config
 
     try:
         access = access_config(getattr(args, "api_key", None), getattr(args, "allow_origin", None) or [], args.host)
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
 
     script = None
     if getattr(args, "script", None):
-        from .script import Script, ScriptError
+        from jumpahead.core.script import Script, ScriptError
 
         try:
             script = Script.load(args.script, prompt_limit=args.script_prompt_limit)
@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     if getattr(args, "upstream", None):  # tokens from upstream engines (proxy/upstream/)
-        from .upstream.serve import run as run_upstream
+        from .upstream_serve import run as run_upstream
 
         return run_upstream(args, policy_specs, trace_dir, access, script)
 
@@ -252,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from .server import create_app
+    from jumpahead.proxy.server import create_app
 
     from jumpahead.policies.runtime import PolicyHooks, engine_generator
 

@@ -14,7 +14,7 @@ same result however the text is chunked:
   recorded on the call (`ToolCall.issues`), never raised.
 - A JSON call (`{"name": ..., "arguments": ...}`) streams while it is written: a
   ToolCallStart once its name is complete, ToolCallArgs as its arguments grow
-  (proxy/tool_stream.py), then the ToolCallDelta with the rest. A call that began
+  (core/tool_stream.py), then the ToolCallDelta with the rest. A call that began
   (its name complete) stays a call: cut off at the end of the output it is a partial
   call (`ToolCall.partial`), never markup shown as text.
 - Reasoning text carries no newlines at its start or end: chat templates add their

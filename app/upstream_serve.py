@@ -14,7 +14,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .engine import UpstreamEngine
+    from jumpahead.proxy.upstream.engine import UpstreamEngine
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> Any:
     """The UpstreamConfig; ValueError names a bad option."""
-    from .engine import UpstreamConfig, base_url
+    from jumpahead.proxy.upstream.engine import UpstreamConfig, base_url
 
     key = None
     if args.upstream_key_env:
@@ -64,7 +64,7 @@ def upstream_generator(engine: "UpstreamEngine") -> Any:
 
     import httpx
 
-    from .engine import _upstream_message
+    from jumpahead.proxy.upstream.engine import _upstream_message
 
     def generate(prompt_text: str, max_tokens: int) -> str:
         body: dict[str, Any] = {"messages": [{"role": "user", "content": prompt_text}],
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace, policy_specs: list, trace_dir: str | None, acc
 
     from jumpahead.traces.analysis import load_tokenizer
 
-    from .engine import UpstreamEngine, UpstreamHooks
+    from jumpahead.proxy.upstream.engine import UpstreamEngine, UpstreamHooks
 
     try:
         tokenizer = load_tokenizer(args.model)
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace, policy_specs: list, trace_dir: str | None, acc
 
     from jumpahead.policies.runtime import PolicyHooks
 
-    from ..server import create_app
+    from jumpahead.proxy.server import create_app
 
     hooks: list = [PolicyHooks(policy_specs, tokenizer, engine.context_length, upstream_generator(engine))]
     if policy_specs:
