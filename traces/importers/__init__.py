@@ -5,12 +5,12 @@ first and the generic OpenAI-messages reader last."""
 from __future__ import annotations
 
 try:  # our own recorded traces; written by the recorder's module, which may not exist yet
-    from .__init__ import jumpahead_trace  # noqa: F401
+    from . import jumpahead_trace  # noqa: F401
 except ModuleNotFoundError as exc:
     if exc.name != f"{__name__}.jumpahead_trace":
         raise
 
-from .__init__ import (  # noqa: E402,F401  (each module registers its format on import)
+from . import (  # noqa: E402,F401  (each module registers its format on import)
     pi,
     claude_code,
     codex,
