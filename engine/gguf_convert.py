@@ -370,24 +370,44 @@ def _llama3_scaling(freqs: np.ndarray, head_dim: int, theta: float, path: Path) 
     raise GGUFError(f"{path.name}: rope_freqs match no llama3 rope scaling")
 
 
-def _llama_config(g: GGUFFile) -> dict:
+def _keys(g: GGUFFile) -> tuple[_Keys, int, int]:
+    """The file's `{arch}.` keys, its head count and its hidden size (every config's start)."""
     k = _Keys(g)
-    meta = g.metadata
-    heads = int(k.need("attention.head_count"))
-    hidden = int(k.need("embedding_length"))
-    bos = _meta(meta, "tokenizer.ggml.bos_token_id")
-    eos_ids = _eos_ids(meta)
-    head_dim = int(k("rope.dimension_count", hidden // heads))
-    theta = _f32(k("rope.freq_base", 10000.0))
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+    return k, int(k.need("attention.head_count")), int(k.need("embedding_length"))
+
+
+def _sizes(k: _Keys, heads: int, hidden: int, head_dim: int) -> dict:
+    """The layer sizes every architecture's config.json states, in HF's key order."""
+    return {
         "hidden_size": hidden,
         "intermediate_size": int(k.need("feed_forward_length")),
         "num_hidden_layers": int(k.need("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(k("attention.head_count_kv", heads)),
         "head_dim": head_dim,
+    }
+
+
+def _token_ids(meta: dict, eos_token_id: int | list[int]) -> dict:
+    """config.json's bos, eos and pad ids (the last keys of every architecture's)."""
+    bos = _meta(meta, "tokenizer.ggml.bos_token_id")
+    return {
+        "bos_token_id": None if bos is None else int(bos),
+        "eos_token_id": eos_token_id,
+        "pad_token_id": _meta(meta, "tokenizer.ggml.padding_token_id"),
+    }
+
+
+def _llama_config(g: GGUFFile) -> dict:
+    k, heads, hidden = _keys(g)
+    meta = g.metadata
+    eos_ids = _eos_ids(meta)
+    head_dim = int(k("rope.dimension_count", hidden // heads))
+    theta = _f32(k("rope.freq_base", 10000.0))
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        **_sizes(k, heads, hidden, head_dim),
         "rms_norm_eps": _f32(k("attention.layer_norm_rms_epsilon", 1e-5)),
         "rope_theta": theta,
         "rope_traditional": False,  # q/k rows are un-permuted to HF order
@@ -397,9 +417,7 @@ def _llama_config(g: GGUFFile) -> dict:
         "attention_bias": g.has("blk.0.attn_q.bias"),
         "mlp_bias": False,
         "tie_word_embeddings": False,
-        "bos_token_id": None if bos is None else int(bos),
-        "eos_token_id": eos_ids if len(eos_ids) > 1 else eos_ids[0],
-        "pad_token_id": _meta(meta, "tokenizer.ggml.padding_token_id"),
+        **_token_ids(meta, eos_ids if len(eos_ids) > 1 else eos_ids[0]),
         "torch_dtype": "float16",
     }
     if (scaling := _rope_scaling(g, k, head_dim, theta)) is not None:
@@ -408,32 +426,22 @@ def _llama_config(g: GGUFFile) -> dict:
 
 
 def _qwen_config(g: GGUFFile) -> dict:
-    k = _Keys(g)
+    k, heads, hidden = _keys(g)
     meta = g.metadata
-    heads = int(k.need("attention.head_count"))
-    hidden = int(k.need("embedding_length"))
     head_dim = int(k("attention.key_length", hidden // heads))
     theta = _f32(k("rope.freq_base", 1000000.0))
-    bos = _meta(meta, "tokenizer.ggml.bos_token_id")
     qwen3 = g.architecture == "qwen3"
     config = {
         "architectures": ["Qwen3ForCausalLM" if qwen3 else "Qwen2ForCausalLM"],
         "model_type": "qwen3" if qwen3 else "qwen2",
-        "hidden_size": hidden,
-        "intermediate_size": int(k.need("feed_forward_length")),
-        "num_hidden_layers": int(k.need("block_count")),
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(k("attention.head_count_kv", heads)),
-        "head_dim": head_dim,
+        **_sizes(k, heads, hidden, head_dim),
         "rms_norm_eps": _f32(k("attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": theta,
         "max_position_embeddings": int(k("context_length", 32768)),
         "vocab_size": _vocab_size(g, k),
         "hidden_act": "silu",
         "tie_word_embeddings": False,
-        "bos_token_id": None if bos is None else int(bos),
-        "eos_token_id": _eos_ids(meta),
-        "pad_token_id": _meta(meta, "tokenizer.ggml.padding_token_id"),
+        **_token_ids(meta, _eos_ids(meta)),
     }
     if (scaling := _rope_scaling(g, k, head_dim, theta)) is not None:
         config["rope_scaling"] = scaling
@@ -441,10 +449,8 @@ def _qwen_config(g: GGUFFile) -> dict:
 
 
 def _gemma3_config(g: GGUFFile) -> dict:
-    k = _Keys(g)
+    k, heads, hidden = _keys(g)
     meta = g.metadata
-    heads = int(k.need("attention.head_count"))
-    hidden = int(k.need("embedding_length"))
     layers = int(k.need("block_count"))
     head_dim = int(k("attention.key_length", 256))
     # llama.cpp: the sliding-window pattern is 6 (not stored by older converters); newer
@@ -472,16 +478,10 @@ def _gemma3_config(g: GGUFFile) -> dict:
     tokens = meta["tokenizer.ggml.tokens"]
     if "<end_of_turn>" in tokens and tokens.index("<end_of_turn>") not in eos_ids:
         eos_ids.append(tokens.index("<end_of_turn>"))
-    bos = _meta(meta, "tokenizer.ggml.bos_token_id")
     return {
         "architectures": ["Gemma3ForCausalLM"],
         "model_type": "gemma3_text",
-        "hidden_size": hidden,
-        "intermediate_size": int(k.need("feed_forward_length")),
-        "num_hidden_layers": layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(k("attention.head_count_kv", heads)),
-        "head_dim": head_dim,
+        **_sizes(k, heads, hidden, head_dim),
         "rms_norm_eps": _f32(k("attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": theta,
         "rope_local_base_freq": _f32(k("rope.freq_base_swa", 10000.0)),
@@ -497,9 +497,7 @@ def _gemma3_config(g: GGUFFile) -> dict:
         "final_logit_softcapping": None,
         "attn_logit_softcapping": None,
         "tie_word_embeddings": False,
-        "bos_token_id": None if bos is None else int(bos),
-        "eos_token_id": eos_ids,
-        "pad_token_id": _meta(meta, "tokenizer.ggml.padding_token_id"),
+        **_token_ids(meta, eos_ids),
     }
 
 
