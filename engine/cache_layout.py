@@ -111,22 +111,18 @@ def padding_safe(model: Any, layout: list[LayerKind]) -> bool:
     """
     if not has_recurrent(layout):
         return True
+    def classes():
+        """The model's classes, then (only if those do not settle it) its modules'.
+        Wrapper classes (e.g. qwen3_5's Model around its language model) live in the
+        same module as the layers, so checking the model's own modules suffices."""
+        yield from type(model).__mro__
+        for _, m in model.named_modules():
+            yield type(m)
+
     seen = set()
-    for cls in type(model).__mro__:
+    for cls in classes():
         mod = sys.modules.get(cls.__module__)
         if mod is None or mod in seen or not cls.__module__.startswith("mlx_lm.models"):
-            continue
-        seen.add(mod)
-        try:
-            if ".lengths" in inspect.getsource(mod):
-                return True
-        except (OSError, TypeError):
-            continue
-    # Wrapper classes (e.g. qwen3_5's Model around its language model) live in the
-    # same module as the layers, so checking the model's own modules suffices.
-    for _, m in model.named_modules():
-        mod = sys.modules.get(type(m).__module__)
-        if mod is None or mod in seen or not type(m).__module__.startswith("mlx_lm.models"):
             continue
         seen.add(mod)
         try:
