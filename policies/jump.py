@@ -226,32 +226,48 @@ class OracleJump(_JumpPolicy):
         if stop < 0 or oracle.find(self.start, len(out), stop) >= 0:
             return None  # the recording does not continue this call
         rest = oracle[len(out) : stop + len(self.end)]
-        hays = (("context", self.index(event.context_text).hay), ("output", Haystack(out)))
-        supplied, spans = self._walk(rest, _open_string(event.call_text), hays)
-        if supplied <= 0:
+        supplied, spans = self._walk(rest, _open_string(event.call_text), self._hays(event))
+        if supplied <= 0 or (fixed := self._fixed(event, rest, supplied)) is None:
             return None
-        text = rest[:supplied]
-        tokens = self._record_tokens(event, len(out) + supplied)
-        if tokens is not None:
-            if not tokens:
-                return None
-            text = oracle[len(out):len(self._tokenizer.decode(self._ids[:len(event.output_tokens) + len(tokens)]))]
-            supplied = len(text)
         call = parse_partial(event.call_text)
         fmt = CallFormat.detect(event.call_text, self.end)
         items: list[tuple[str, Any]] = []
-        if supplied == len(rest) and call is not None:
+        if len(fixed[0]) == len(rest) and call is not None:
             items = self._items(call, event.call_text + rest[: -len(self.end)]) or []
-        spec = self.tools.get(call.name) if call else None
-        r = roles(call.name, spec, call) if call else None
+        return self._oracle_plan(call, fmt, items, items, spans, rest, *fixed)
+
+    def _hays(self, event: BoundaryEvent) -> tuple[tuple[str, Haystack], ...]:
+        """Where an oracle jump's content may come from: the context, the output so far."""
+        return (("context", self.index(event.context_text).hay), ("output", Haystack(event.output_text)))
+
+    def _fixed(self, event: BoundaryEvent, rest: str, supplied: int) -> tuple[str, list[int] | None] | None:
+        """The text to supply, `rest[:supplied]`, and where the recording's tokens are
+        known, as whole recorded tokens (the text those decode to); None when not one
+        whole token fits."""
+        out = event.output_text
+        tokens = self._record_tokens(event, len(out) + supplied)
+        if tokens is None:
+            return rest[:supplied], None
+        if not tokens:
+            return None
+        n = len(event.output_tokens) + len(tokens)
+        return self.oracle[len(out):len(self._tokenizer.decode(self._ids[:n]))], tokens
+
+    def _oracle_plan(self, call: Any, fmt: Any, items: list[tuple[str, Any]], known: list[tuple[str, Any]],
+                     spans: list[tuple[str, int, int]], rest: str, text: str,
+                     tokens: list[int] | None) -> JumpPlan:
+        """The oracle jump supplying `text` of the recorded `rest` of the call (`tokens`
+        its recorded ids, if known): `items` the arguments to write, `known` those whose
+        content keys count as supplied, `spans` where the content came from."""
+        r = roles(call.name, self.tools.get(call.name), call) if call else None
         best = max(spans, key=lambda s: s[2] - s[1], default=None)
         sourced = sum(e - s for _, s, e in spans)
         label = (f"oracle {call.name if call else '?'}: {len(text)}/{len(rest)} chars of the recorded call, "
                  f"{sourced} content chars from {len(spans)} stretches"
-                 + ("" if supplied == len(rest) else "; stopped at unsourced content"))
-        keys = [k for k in (r.content_key, r.new_key, r.command_key) if r and k] if r else []
+                 + ("" if len(text) == len(rest) else "; stopped at unsourced content"))
+        keys = [k for k in (r.content_key, r.new_key, r.command_key) if k] if r else []
         return JumpPlan(call, fmt, items, r, (best[1], best[2]) if best else None, best[0] if best else "context",
-                        label, [k for k in keys if k in dict(items)], fixed_text=text, fixed_tokens=tokens)
+                        label, [k for k in keys if k in dict(known)], fixed_text=text, fixed_tokens=tokens)
 
     def _plan_family(self, event: BoundaryEvent) -> JumpPlan | None:
         """The oracle jump for a family other than Hermes: the recorded call's remaining
@@ -274,7 +290,7 @@ class OracleJump(_JumpPolicy):
         if whole is None:
             return None
         items = arrange(call, None, whole.args) or []
-        hays = (("context", self.index(event.context_text).hay), ("output", Haystack(out)))
+        hays = self._hays(event)
         spans: list[tuple[str, int, int]] = []
         cut: tuple[int, str, Any] | None = None  # (item index, key, value prefix) where sourcing stops
         for n, (key, value) in enumerate(items):
@@ -304,25 +320,12 @@ class OracleJump(_JumpPolicy):
         supplied = 0
         while supplied < min(len(candidate), len(rest)) and candidate[supplied] == rest[supplied]:
             supplied += 1
-        if supplied <= 0:
+        if supplied <= 0 or (fixed := self._fixed(event, rest, supplied)) is None:
             return None
-        text = rest[:supplied]
-        tokens = self._record_tokens(event, len(out) + supplied)
-        if tokens is not None:
-            if not tokens:
-                return None
-            text = oracle[len(out):len(self._tokenizer.decode(self._ids[:len(event.output_tokens) + len(tokens)]))]
-        spec = self.tools.get(call.name)
-        r = roles(call.name, spec, call)
-        best = max(spans, key=lambda s: s[2] - s[1], default=None)
-        sourced = sum(e - s for _, s, e in spans)
-        label = (f"oracle {call.name}: {len(text)}/{len(rest)} chars of the recorded call, "
-                 f"{sourced} content chars from {len(spans)} stretches"
-                 + ("" if len(text) == len(rest) else "; stopped at unsourced content"))
-        keys = [k for k in (r.content_key, r.new_key, r.command_key) if k]
-        return JumpPlan(call, layout, items if len(text) == len(rest) else [], r,
-                        (best[1], best[2]) if best else None, best[0] if best else "context", label,
-                        [k for k in keys if k in dict(items)], fixed_text=text, fixed_tokens=tokens)
+        # The arguments are written only when the whole call is supplied; their content
+        # keys count either way (the family's writing stopped inside them, not before).
+        whole_call = len(fixed[0]) == len(rest)
+        return self._oracle_plan(call, layout, items if whole_call else [], items, spans, rest, *fixed)
 
     @staticmethod
     def _items(call: Any, body: str) -> list[tuple[str, Any]] | None:
