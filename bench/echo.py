@@ -96,7 +96,8 @@ PLAIN_TASKS = [
 ]
 
 
-def _chat(tokenizer, text: str) -> list[int]:
+def chat_prompt(tokenizer, text: str) -> list[int]:
+    """One user message as a prompt (the model's chat template, generation prompt added)."""
     return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
 
 
@@ -236,8 +237,8 @@ def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3, only:
     # no SSD tier: its writes would add noise, and the RAM tier gives all arms the same state
     engine = Engine.load(model_name, EngineConfig(prefix_cache_ssd=False), progress=lambda s: None)
     tok = engine.tokenizer
-    copy_prompts = [_chat(tok, t) for t in COPY_TASKS]
-    plain_prompts = [_chat(tok, t) for t in PLAIN_TASKS]
+    copy_prompts = [chat_prompt(tok, t) for t in COPY_TASKS]
+    plain_prompts = [chat_prompt(tok, t) for t in PLAIN_TASKS]
     mixed = [copy_prompts[0], plain_prompts[0], copy_prompts[1], plain_prompts[1]]
     _rows(engine, copy_prompts[:1], [under], 8)  # warm-up
     _rows(engine, copy_prompts[:1], [[]], 8)

@@ -13,27 +13,16 @@ from typing import Any
 
 import pytest
 
+from jumpahead.bench.echo import CONFIG as ECHO_CONFIG, chat_prompt
 from jumpahead.engine.forecast import from_lengths, note_copy, remaining
 from jumpahead.engine.types import GenerationRequest
 from jumpahead.core.turn import Message, ToolCall, Turn
 from jumpahead.core.turn_lengths import CALL_MARKUP, recent_turn_lengths
 
-CONFIG = """server:
-  host: 127.0.0.1
-  port: 8080
-  workers: 4
-  timeout_seconds: 30
-database:
-  url: postgres://localhost:5432/app
-  pool_size: 10
-logging:
-  level: info
-  file: /var/log/app.log
-"""
-
-
-def _chat(tokenizer: Any, text: str) -> list[int]:
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+# The echo bench's config.yaml less its `echo_queries` and `format` lines: the file
+# this test's batches were tuned on.
+CONFIG = "".join(line for line in ECHO_CONFIG.splitlines(keepends=True)
+                 if not line.lstrip().startswith(("echo_queries:", "format:")))
 
 
 def test_from_lengths_is_the_conditional_median_remainder() -> None:
@@ -113,8 +102,8 @@ def test_the_row_forecast_last_verifies_in_a_shared_batch(engine) -> None:
     if engine.scheduler.config.objective != "throughput":
         pytest.skip("the test engine does not run the throughput objective")
     tok = engine.tokenizer
-    copy = _chat(tok, f"Here is config.yaml:\n```yaml\n{CONFIG}```\nSet the port to 9090. Show the whole updated file.")
-    plain = _chat(tok, "Write a long essay about the history of the printing press.")
+    copy = chat_prompt(tok, f"Here is config.yaml:\n```yaml\n{CONFIG}```\nSet the port to 9090. Show the whole updated file.")
+    plain = chat_prompt(tok, "Write a long essay about the history of the printing press.")
 
     def run(methods: list[str], copy_lengths: list[int], plain_lengths: list[int]) -> list[dict[str, Any]]:
         # The plain row is submitted first and has the larger budget: the copy row joins
