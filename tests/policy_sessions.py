@@ -12,17 +12,12 @@ from typing import Any
 import pytest
 
 import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
+# SESSIONS: the public sessions (traces/public/SOURCES.md), one per agent format, the
+# ones the forecast bench replays (the tests import it from here).
+from jumpahead.bench.forecast import SESSIONS  # noqa: F401
 
 SHARED = Path(os.environ.get("JUMPAHEAD_SHARED") or Path(__file__).resolve().parents[2] / "shared")
 PUBLIC = SHARED / "traces" / "public"
-# The public sessions (traces/public/SOURCES.md), one per agent format.
-SESSIONS = (
-    "mini-swe-agent/marshmallow-code__marshmallow-1343.traj.json",
-    "claude-code/258c7280-ae70-4798-800f-63464d01a85d.jsonl",
-    "pi/before-compaction.jsonl",
-    "openhands/basic.json",
-    "swe-agent/swe-agent__test-repo-i1.traj",
-)
 
 
 @cache
