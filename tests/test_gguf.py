@@ -157,14 +157,11 @@ def write_gguf(path: Path, arch: str, config: dict, weights: dict[str, np.ndarra
     """Write `weights` (HF names, float32) as llama.cpp would for `arch`."""
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"tiny {arch}")
-    w.add_context_length(config["max_position_embeddings"])
-    w.add_embedding_length(config["hidden_size"])
-    w.add_block_count(config["num_hidden_layers"])
-    w.add_feed_forward_length(config["intermediate_size"])
-    w.add_head_count(config["num_attention_heads"])
-    w.add_head_count_kv(config["num_key_value_heads"])
-    w.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    w.add_rope_freq_base(config["rope_theta"])
+    for field, key in (("context_length", "max_position_embeddings"), ("embedding_length", "hidden_size"),
+                       ("block_count", "num_hidden_layers"), ("feed_forward_length", "intermediate_size"),
+                       ("head_count", "num_attention_heads"), ("head_count_kv", "num_key_value_heads"),
+                       ("layer_norm_rms_eps", "rms_norm_eps"), ("rope_freq_base", "rope_theta")):
+        getattr(w, f"add_{field}")(config[key])
     if arch == "llama":
         w.add_rope_dimension_count(config["head_dim"])
         w.add_vocab_size(config["vocab_size"])
@@ -181,11 +178,9 @@ def write_gguf(path: Path, arch: str, config: dict, weights: dict[str, np.ndarra
         w.add_token_merges(vocab["merges"])
     if "scores" in vocab:
         w.add_token_scores(vocab["scores"])
-    w.add_bos_token_id(vocab["bos"])
-    w.add_eos_token_id(vocab["eos"])
-    w.add_pad_token_id(vocab["pad"])
-    w.add_unk_token_id(vocab["unk"])
-    w.add_add_bos_token(vocab["add_bos"])
+    for field, key in (("bos_token_id", "bos"), ("eos_token_id", "eos"), ("pad_token_id", "pad"),
+                       ("unk_token_id", "unk"), ("add_bos_token", "add_bos")):
+        getattr(w, f"add_{field}")(vocab[key])
     if extra:
         extra(w)
     heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
