@@ -27,10 +27,7 @@ DEFAULT_ARMS = "ordinary,strict,echo"
 
 
 def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be at least 0")
-    return value
+    return serve.at_least(text, 0)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -12,11 +12,16 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_SCRIPT_SLICE = 4096  # most scripted tokens in one round (its logits are [1, slice, vocab])
 
 
-def _positive(text: str) -> int:
+def at_least(text: str, minimum: int) -> int:
+    """`text` as a whole number of at least `minimum` (else argparse's usage error)."""
     value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be at least {minimum}")
     return value
+
+
+def _positive(text: str) -> int:  # argparse names the type in its errors: "invalid _positive value"
+    return at_least(text, 1)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
