@@ -129,6 +129,13 @@ def build(family: str, root: Path, tokenizer_dir: Path, seed: int = 0, size: str
     model.update(scaled)
     weights = dict(tree_flatten(model.parameters()))
     mx.eval(weights)
+    return _write_folder(out, weights, config, tokenizer_dir)
+
+
+def _write_folder(out: Path, weights: dict[str, mx.array], config: dict, tokenizer_dir: Path) -> Path:
+    """The mlx-lm folder `out`: the weights, config.json and the tokenizer's files from
+    `tokenizer_dir`, written beside it and renamed into place (an interrupted build
+    leaves no folder that looks complete)."""
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -191,16 +198,7 @@ def build_grafted_hybrid(root: Path, seed: int = 0) -> Path:
             weights[name] = weights[name] * HYBRID_MAMBA_SCALE
     model.update(tree_unflatten(list(weights.items())))
     mx.eval(model.parameters())
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())))
-    (tmp / "config.json").write_text(json.dumps(config))
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (src / name).exists():
-            shutil.copy(src / name, tmp / name)
-    tmp.rename(out)
-    return out
+    return _write_folder(out, dict(tree_flatten(model.parameters())), config, src)
 
 
 def main(argv: list[str] | None = None) -> int:
