@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from jumpahead.core.output import emit
 
+    from .decode import parse_contexts
+
     p = argparse.ArgumentParser(prog="jumpahead bench attention", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None)
     p.add_argument("--contexts", default="1024,4096", help="comma-separated prompt lengths in tokens")
@@ -120,13 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
-    try:
-        contexts = [int(x) for x in a.contexts.split(",") if x.strip()]
-    except ValueError:
-        p.error(f"--contexts must be comma-separated integers, got {a.contexts!r}")
-    if not contexts or min(contexts) < 1:
-        p.error("--contexts needs at least one positive length")
-    return emit(run(a.model, contexts, a.decode, a.repeats), a.out)
+    return emit(run(a.model, parse_contexts(p, a.contexts), a.decode, a.repeats), a.out)
 
 
 if __name__ == "__main__":

@@ -123,6 +123,18 @@ def run(model_name: str | None = None, tokens: int = 64, repeats: int = 3, batch
     }
 
 
+def parse_contexts(parser: Any, text: str) -> list[int]:
+    """A --contexts value: comma-separated positive prompt lengths (else the argparse
+    parser's usage error). bench/attention.py reads its --contexts so too."""
+    try:
+        contexts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        parser.error(f"--contexts must be comma-separated integers, got {text!r}")
+    if not contexts or min(contexts) < 1:
+        parser.error("--contexts needs at least one positive length")
+    return contexts
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
@@ -145,12 +157,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.contexts is None:
         return emit(run(args.model, args.tokens or 64, args.repeats or 3, args.batch), args.out)
-    try:
-        contexts = [int(x) for x in args.contexts.split(",") if x.strip()]
-    except ValueError:
-        ap.error(f"--contexts must be comma-separated integers, got {args.contexts!r}")
-    if not contexts or min(contexts) < 1:
-        ap.error("--contexts needs at least one positive length")
+    contexts = parse_contexts(ap, args.contexts)
     from . import context
 
     try:
