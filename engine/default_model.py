@@ -32,11 +32,11 @@ REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokeniz
 DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 # Pieces both embedded templates use (engine/gemma3_model.py too), so that the two
-# models see content parts and write tool calls the same way: a macro that renders a
-# message's content (text, text parts, or null), the Hermes tool-use prompt around the
-# declared tools, and an assistant message's tool calls as Hermes `<tool_call>` JSON
-# (string or object arguments). mlx-lm infers its `json_tools` parser from
-# "<tool_call>" plus "tool_call.name" in a template's text.
+# models see content parts and tools the same way: a macro that renders a message's
+# content (text, text parts, or null), the Hermes tool-use prompt around the declared
+# tools, an assistant message with its tool calls as Hermes `<tool_call>` JSON (string
+# or object arguments), and tool messages as `<tool_response>`s. mlx-lm infers its
+# `json_tools` parser from "<tool_call>" plus "tool_call.name" in a template's text.
 RENDER_CONTENT_MACRO = r"""{%- macro render_content(content) -%}
     {%- if content is string -%}
         {{- content -}}
@@ -62,8 +62,7 @@ TOOLS_INTRO = (r"# Tools\n\nYou may call one or more functions to assist with th
 TOOLS_OUTRO = (r"\n</tools>\n\nFor each function call, return a json object with function name and "
                r"arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
                r'{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
-# Inside the loop over messages, after the assistant's content (`content`).
-TOOL_CALLS_BLOCK = r"""        {%- if message.tool_calls -%}
+_TOOL_CALLS = r"""        {%- if message.tool_calls -%}
             {%- for tool_call in message.tool_calls -%}
                 {%- if tool_call.function is defined -%}
                     {%- set tool_call = tool_call.function -%}
@@ -83,6 +82,25 @@ TOOL_CALLS_BLOCK = r"""        {%- if message.tool_calls -%}
             {%- endfor -%}
         {%- endif -%}
 """
+
+
+def assistant_turn(start: str, end: str) -> str:
+    """Inside a template's loop over messages, an assistant message whose rendered
+    content is `content`: `start`, the content, its tool calls, then `end` (`start` and
+    `end` as Jinja string-literal text)."""
+    return "        {{- '" + start + "' + content -}}\n" + _TOOL_CALLS + "        {{- '" + end + "' -}}\n"
+
+
+def tool_response(end: str) -> str:
+    """Inside the loop over messages, a tool message as a Hermes `<tool_response>`:
+    consecutive tool messages share one user turn, closed by `end` (Jinja string-literal
+    text) after the last; the caller opens that turn."""
+    return (r"""        {{- '\n<tool_response>\n' + render_content(message.content) + '\n</tool_response>' -}}
+        {%- if loop.nextitem is not defined or loop.nextitem.role != 'tool' -%}
+            {{- '""" + end + r"""' -}}
+        {%- endif -%}
+""")
+
 
 # Qwen2.5's Hermes-style tool template, adapted: SmolLM's default system prompt,
 # content given as text parts or null, `developer` as system, string or object
@@ -113,19 +131,15 @@ CHAT_TEMPLATE = (
     {%- if loop.first and skip_first -%}
     {%- elif role == 'assistant' -%}
         {%- set content = render_content(message.content) -%}
-        {{- '<|im_start|>assistant\n' + content -}}
 """
-    + TOOL_CALLS_BLOCK
-    + r"""        {{- '<|im_end|>\n' -}}
-    {%- elif role == 'tool' -%}
+    + assistant_turn(r"<|im_start|>assistant\n", r"<|im_end|>\n")
+    + r"""    {%- elif role == 'tool' -%}
         {%- if loop.previtem is not defined or loop.previtem.role != 'tool' -%}
             {{- '<|im_start|>user' -}}
         {%- endif -%}
-        {{- '\n<tool_response>\n' + render_content(message.content) + '\n</tool_response>' -}}
-        {%- if loop.nextitem is not defined or loop.nextitem.role != 'tool' -%}
-            {{- '<|im_end|>\n' -}}
-        {%- endif -%}
-    {%- else -%}
+"""
+    + tool_response(r"<|im_end|>\n")
+    + r"""    {%- else -%}
         {{- '<|im_start|>' + role + '\n' + render_content(message.content) + '<|im_end|>\n' -}}
     {%- endif -%}
 {%- endfor -%}

@@ -22,7 +22,7 @@ import zipfile
 from pathlib import Path
 
 from . import gguf_convert as gc
-from .default_model import RENDER_CONTENT_MACRO, TOOL_CALLS_BLOCK, TOOLS_INTRO, TOOLS_OUTRO
+from .default_model import RENDER_CONTENT_MACRO, TOOLS_INTRO, TOOLS_OUTRO, assistant_turn, tool_response
 from .gguf_convert import Progress
 
 MODEL_NAME = "gemma3-270m"
@@ -89,11 +89,9 @@ GEMMA3_CHAT_TEMPLATE = (
             {%- set ns.prefix = '' -%}
         {%- endif -%}
         {%- set content = render_content(message.content) | trim -%}
-        {{- '<start_of_turn>model\n' + content -}}
 """
-    + TOOL_CALLS_BLOCK
-    + r"""        {{- '<end_of_turn>\n' -}}
-    {%- elif role == 'tool' -%}
+    + assistant_turn(r"<start_of_turn>model\n", r"<end_of_turn>\n")
+    + r"""    {%- elif role == 'tool' -%}
         {%- if loop.previtem is not defined or loop.previtem.role != 'tool' -%}
             {{- '<start_of_turn>user' -}}
             {%- if ns.prefix -%}
@@ -101,11 +99,9 @@ GEMMA3_CHAT_TEMPLATE = (
                 {%- set ns.prefix = '' -%}
             {%- endif -%}
         {%- endif -%}
-        {{- '\n<tool_response>\n' + render_content(message.content) + '\n</tool_response>' -}}
-        {%- if loop.nextitem is not defined or loop.nextitem.role != 'tool' -%}
-            {{- '<end_of_turn>\n' -}}
-        {%- endif -%}
-    {%- else -%}
+"""
+    + tool_response(r"<end_of_turn>\n")
+    + r"""    {%- else -%}
         {{- '<start_of_turn>user\n' + (render_content(message.content) | trim) + '<end_of_turn>\n' -}}
     {%- endif -%}
 {%- endfor -%}
