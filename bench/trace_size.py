@@ -36,7 +36,7 @@ def records(session: Any) -> list[dict[str, Any]]:
                         "body": chat_body(turn, "local")},
             "context": turn_to_json(turn),
             "response": {"reasoning": m.reasoning, "content": m.content,
-                         "tool_calls": [{"name": c.name, "arguments": c.arguments_text(), "id": c.id}
+                         "tool_calls": [{"name": c.name, "arguments": c.arguments, "id": c.id}
                                         for c in m.tool_calls],
                          "finish_reason": "tool_calls" if m.tool_calls else "stop"},
         })

@@ -2,9 +2,14 @@
 
 The server builds an `Exchange` per generation request (protocol, headers, body, the
 agent session it belongs to) and hands it to the runner. Hooks registered on the app
-(`app.state.hooks`: the policy runtime, the trace recorder) see it at three points:
+(`app.state.hooks`: the policy runtime, the trace recorder, script mode) see it at
+these points:
 
 - `before_render(exchange, turn) -> Turn`: rewrite the context (policies.on_request);
+- `take_output(engine, exchange, prepared) -> bool` (optional): supply the row's whole
+  output before the engine runs, by setting the prepared request's prompt and
+  proposers (script mode, core/script.py); the first hook that returns True takes it,
+  and the turn then gets no strict fill of its own;
 - `row_proposers(exchange, prepared) -> list`: extra engine proposers for the row;
 - `after_turn(exchange, prepared, out)`: the finished turn with its provenance.
 
@@ -48,6 +53,9 @@ class BaseHooks:
 
     def before_render(self, exchange: Exchange, turn: Turn) -> Turn:
         return turn
+
+    def take_output(self, engine: Any, exchange: Exchange, prepared: Any) -> bool:
+        return False
 
     def row_proposers(self, exchange: Exchange, prepared: Any) -> list:
         return []

@@ -352,7 +352,7 @@ class OutputParser:
             return
         delta = streamer.update(body)
         if self._start is None and streamer.name is not None:
-            self._start = ToolCall(name=streamer.name, arguments="")
+            self._start = ToolCall(name=streamer.name, arguments="", id=new_tool_call_id())
             self._emit(ToolCallStart(len(self.tool_calls), ToolCall(self._start.name, "", self._start.id)))
         if delta:
             self._emit(ToolCallArgs(len(self.tool_calls), delta))
@@ -383,7 +383,8 @@ class OutputParser:
             # The call began (its name is complete): it stays a call, as far as it got.
             issue = "the call is not valid JSON" if closed else "cut off before the call was complete"
             log.warning("tool call %s: %s", began.name, issue)
-            calls = [ToolCall(began.name, began.partial_arguments(body), issues=[issue], partial=not closed)]
+            calls = [ToolCall(began.name, began.partial_arguments(body), new_tool_call_id(), issues=[issue],
+                              partial=not closed)]
         if calls is None:
             self.malformed.append(body)
             raw = f"{self.tool_start}{body}{self.tool_end if closed and self.tool_end else ''}"

@@ -24,7 +24,6 @@ from .exchange import Exchange
 from .logprobs import ContentLogprobs, TokenText
 from .output_parser import OutputParser
 from .prompt import continues_final_message, prompt_opens_reasoning, render_prompt
-from .script import Script, ScriptedProposer, fit_prompt, render_turn, turn_tokens
 from .turn import OutputEvent, ToolCallArgs, ToolCallStart, Turn, TurnEnd, TurnFinish, TurnOutput, Usage
 from .turn_lengths import recent_turn_lengths
 
@@ -39,8 +38,10 @@ class PreparedTurn:
     turn: Turn
     request: GenerationRequest
     parser: OutputParser
-    scripted: ScriptedProposer | None = None  # script mode: the turn's continuation
-    script_turn: int | None = None  # script mode: which turn of the script (0-based)
+    # Set by a hook that took the row's output (take_output, core/exchange.py): script
+    # mode's ScriptedProposer (the turn's continuation) and which script turn (0-based).
+    scripted: Any = None
+    script_turn: int | None = None
     exchange: Exchange | None = None  # the HTTP exchange (session, protocol, headers)
     hooks: list[Any] = field(default_factory=list)  # app.state.hooks (core/exchange.py)
     # What the row emitted, token by token: ids, provenance kinds, copy sources (filled
@@ -53,13 +54,15 @@ class PreparedTurn:
     # A continued assistant prefix that opened a tool call: its start and argument
     # deltas, sent first so a streamed call is whole (the prefix's text is not resent).
     prefix_events: list[OutputEvent] = field(default_factory=list)
+    in_reasoning: bool = False  # the prompt opens a reasoning block: the output starts inside it
     cached_tokens: int = 0  # prompt tokens the engine took from the prefix cache (known from the first chunk)
     # Asked for logprobs: attributes them to content (made while preparing, off the event
     # loop: the first use builds the tokenizer's byte table).
     content_logprobs: ContentLogprobs | None = None
 
 
-def _validate(engine: Engine, request: GenerationRequest) -> None:
+def validate_request(engine: Engine, request: GenerationRequest) -> None:
+    """The engine's check of a request, as the client's error (400; context overflow coded)."""
     try:
         engine.validate(request)
     except EngineError as exc:
@@ -83,13 +86,12 @@ def request_methods(turn: Turn) -> list[str]:
     return list(methods)
 
 
-def prepare_turn(engine: Engine, turn: Turn, script: Script | None = None, exchange: Exchange | None = None,
+def prepare_turn(engine: Engine, turn: Turn, exchange: Exchange | None = None,
                  hooks: list[Any] | None = None) -> PreparedTurn:
     """Render and validate. Raises APIError(400) for a Turn the model cannot run.
 
-    With a `script`, the next scripted turn becomes the continuation (asserted tokens);
-    it is consumed only when the request is valid. `hooks` (core/exchange.py) may
-    rewrite the Turn before rendering and add proposers to the row.
+    `hooks` (core/exchange.py) may rewrite the Turn before rendering, take the row's
+    whole output (script mode) and add proposers to the row.
     """
     hooks = list(hooks or [])
     client_turn = turn
@@ -101,21 +103,34 @@ def prepare_turn(engine: Engine, turn: Turn, script: Script | None = None, excha
         turn = hook.before_render(exchange, turn)
     if exchange is not None:
         exchange.turn = turn
-    prepared = _prepare(engine, turn, script)
+    prepared = _prepare(engine, turn)
     prepared.exchange = exchange
     prepared.hooks = hooks
+    # The first hook that takes the output sets the row's prompt and proposers and
+    # validates them itself (script mode consumes its turn only for a valid request).
+    taken = any(_takes_output(hook, engine, exchange, prepared) for hook in hooks)
+    if not taken:
+        tools = turn.tools if turn.tools_enabled else None
+        prepared.request.grammar, prepared.request.tools = strict_fill_fields(engine.tokenizer, turn, tools,
+                                                                              prepared.in_reasoning)
+        validate_request(engine, prepared.request)
     prepared.content_logprobs = _content_logprobs(engine, prepared.request)
     # The model's recent answers in this session, as the client resent them: the
     # throughput objective forecasts who finishes last from them (engine/forecast.py).
     prepared.request.recent_lengths = recent_turn_lengths(engine.tokenizer, client_turn)
     extra = [p for hook in hooks for p in hook.row_proposers(exchange, prepared)]
-    if extra:
-        prepared.request.proposers = [*extra, *prepared.request.proposers] if prepared.scripted is None \
-            else [*prepared.request.proposers, *extra]
+    if extra:  # a taken output's own proposer stays first: it is the row's continuation
+        prepared.request.proposers = [*prepared.request.proposers, *extra] if taken \
+            else [*extra, *prepared.request.proposers]
     return prepared
 
 
-def _prepare(engine: Engine, turn: Turn, script: Script | None) -> PreparedTurn:
+def _takes_output(hook: Any, engine: Engine, exchange: Exchange | None, prepared: PreparedTurn) -> bool:
+    take = getattr(hook, "take_output", None)  # optional: hooks written before it lack it
+    return bool(take is not None and take(engine, exchange, prepared))
+
+
+def _prepare(engine: Engine, turn: Turn) -> PreparedTurn:
     tokenizer = engine.tokenizer
     prompt = render_prompt(tokenizer, turn)
     max_tokens = turn.max_tokens if turn.max_tokens is not None else engine.context_length
@@ -133,21 +148,7 @@ def _prepare(engine: Engine, turn: Turn, script: Script | None) -> PreparedTurn:
         # (a tool call it opens completes in the output), but do not send its text again.
         prefix_events = [e for e in parser.feed(turn.messages[-1].content or "")
                          if isinstance(e, (ToolCallStart, ToolCallArgs))]
-    if script is None:
-        request.grammar, request.tools = strict_fill_fields(tokenizer, turn, tools, in_reasoning)
-        _validate(engine, request)
-        return PreparedTurn(turn, request, parser, prefix_events=prefix_events)
-    with script.claim() as (index, scripted):
-        tokens = turn_tokens(tokenizer, render_turn(tokenizer, scripted, in_reasoning=in_reasoning, tools=tools))
-        room = engine.context_length - len(tokens) - 2
-        if room < 16:
-            raise invalid_request(f"script turn {index + 1} is {len(tokens)} tokens; it does not fit the "
-                                  f"model's {engine.context_length}-token context", code="context_length_exceeded")
-        request.prompt = fit_prompt(prompt, min(room, script.prompt_limit or room))
-        proposer = ScriptedProposer(tokens)
-        request.proposers = [proposer]
-        _validate(engine, request)
-    return PreparedTurn(turn, request, parser, proposer, index, prefix_events=prefix_events)
+    return PreparedTurn(turn, request, parser, prefix_events=prefix_events, in_reasoning=in_reasoning)
 
 
 def _format_grammar(fmt: Any) -> dict | None:
@@ -212,13 +213,13 @@ def _call_count(turn: Turn) -> int | None:
     return count
 
 
-async def prepare_turn_async(engine: Engine, turn: Turn, script: Script | None = None, exchange: Exchange | None = None,
+async def prepare_turn_async(engine: Engine, turn: Turn, exchange: Exchange | None = None,
                              hooks: list[Any] | None = None) -> PreparedTurn:
     """`prepare_turn` off the event loop (templates and tokenizing 100 KB take time);
     a small turn inline, where the hand-off to a thread costs more than the work."""
     if _turn_chars(turn) <= INLINE_PREPARE_CHARS:
-        return prepare_turn(engine, turn, script, exchange, hooks)
-    return await asyncio.to_thread(prepare_turn, engine, turn, script, exchange, hooks)
+        return prepare_turn(engine, turn, exchange, hooks)
+    return await asyncio.to_thread(prepare_turn, engine, turn, exchange, hooks)
 
 
 INLINE_PREPARE_CHARS = 8192  # rendering and tokenizing this much takes well under a millisecond

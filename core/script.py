@@ -31,8 +31,10 @@ import orjson
 
 from jumpahead.engine.proposal import Proposal, RowView
 
-from .errors import APIError
+from .errors import APIError, invalid_request
+from .exchange import BaseHooks, Exchange
 from .output_parser import OutputParser
+from .runner import PreparedTurn, validate_request
 from .turn import Tool, TurnOutput
 
 log = logging.getLogger(__name__)
@@ -109,8 +111,11 @@ def parse_script(text: str, source: str = "<script>") -> list[ScriptTurn]:
     return turns
 
 
-class Script:
-    """The turns to serve, in order; each served request consumes one."""
+class Script(BaseHooks):
+    """The turns to serve, in order; each served request consumes one.
+
+    A hook (core/exchange.py) like the policy runtime and the recorder: it takes each
+    row's output (`take_output`) before the engine runs."""
 
     def __init__(self, turns: list[ScriptTurn], *, source: str = "<script>", prompt_limit: int | None = None) -> None:
         self.turns = list(turns)
@@ -156,6 +161,25 @@ class Script:
 
     def status(self) -> dict[str, Any]:
         return {"file": self.source, "turns": len(self.turns), "served": self.served}
+
+    def take_output(self, engine: Any, exchange: Exchange, prepared: PreparedTurn) -> bool:
+        """The next turn becomes the row's continuation (asserted `scripted` tokens);
+        it is consumed only when the request is valid. The prompt is cut to fit."""
+        tokenizer, request, turn = engine.tokenizer, prepared.request, prepared.turn
+        tools = turn.tools if turn.tools_enabled else None
+        with self.claim() as (index, scripted):
+            tokens = turn_tokens(tokenizer, render_turn(tokenizer, scripted, in_reasoning=prepared.in_reasoning,
+                                                        tools=tools))
+            room = engine.context_length - len(tokens) - 2
+            if room < 16:
+                raise invalid_request(f"script turn {index + 1} is {len(tokens)} tokens; it does not fit the "
+                                      f"model's {engine.context_length}-token context", code="context_length_exceeded")
+            request.prompt = fit_prompt(request.prompt, min(room, self.prompt_limit or room))
+            proposer = ScriptedProposer(tokens)
+            request.proposers = [proposer]
+            validate_request(engine, request)
+        prepared.scripted, prepared.script_turn = proposer, index
+        return True
 
 
 # --- rendering a turn in the model's own format ---------------------------------------

@@ -11,6 +11,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
+import orjson
+
 from jumpahead.engine.types import SamplingParams
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -24,21 +26,47 @@ def new_tool_call_id() -> str:
 
 @dataclass
 class ToolCall:
-    """One call of a tool. `arguments` is a JSON text (as OpenAI sends it)."""
+    """One call of a tool. `arguments` is a JSON text (as OpenAI sends it); a JSON value
+    given instead (agents' session files hold objects) is kept as its compact JSON text,
+    and text that is no JSON at all (some agents' raw-text tools) is kept as it is."""
 
     name: str
     arguments: str = "{}"
-    id: str = field(default_factory=new_tool_call_id)
+    # The model's calls get new_tool_call_id(); a client's or a recorded call keeps its
+    # own, and a recorded call without one stays "" (Session.turn names it by position).
+    id: str = ""
     # Problems found while parsing or validating (unknown tool, schema violations).
     # Reported to logs and traces; the call is still handed to the client.
     issues: list[str] = field(default_factory=list)
     # Cut off (max_tokens) before the call was complete: `arguments` is a prefix.
     partial: bool = False
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.arguments, str):
+            self.arguments = orjson.dumps(self.arguments).decode()
+
+    @property
+    def args(self) -> Any:
+        """The arguments as a JSON value: an object or array text parsed, other text (raw
+        arguments) as it is, {} for none."""
+        text = self.arguments.strip()
+        if not text:
+            return {}
+        if text[:1] in ("{", "["):
+            try:
+                return orjson.loads(text)
+            except orjson.JSONDecodeError:
+                pass
+        return self.arguments
+
 
 @dataclass
 class Message:
-    """A message in normalized chat form: content is plain text (or None)."""
+    """A message in normalized chat form: content is plain text (or None).
+
+    The one conversation model: a request's messages (the adapters translate into it) and
+    an imported session's messages (traces/session.py) alike. The last three fields are
+    a recorded message's provenance; the turn pipeline neither sets nor reads them."""
 
     role: Role
     content: str | None = None
@@ -46,6 +74,9 @@ class Message:
     tool_calls: list[ToolCall] = field(default_factory=list)
     tool_call_id: str | None = None  # role == "tool": the call it answers
     name: str | None = None  # the tool's name on a tool message, or a speaker name
+    model: str | None = None  # the model that wrote this message, where a session says
+    timestamp: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)  # format-specific extras (compaction, recorded request, ...)
 
 
 @dataclass

@@ -20,6 +20,7 @@ from jumpahead.engine.types import SamplingParams
 
 from . import sse
 from .adapter import AdapterContext
+from jumpahead.core.content import content_texts
 from jumpahead.core.context_edits import applied_edits, parse_context_management
 from jumpahead.core.errors import anthropic_error_body, invalid_request
 from jumpahead.core.fields import boolean, integer, number, obj
@@ -52,32 +53,23 @@ NO_VISION = "this model reads text only; image and PDF blocks cannot be served"
 
 def _text_of(content: Any, param: str) -> str:
     """Text of a string or of an array of text blocks (tool results, system)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, dict):
-        content = [content]
-    if not isinstance(content, list):
+    texts = content_texts(content, _block_text, param)
+    if texts is None:
         raise invalid_request(f"{param} must be a string or an array of content blocks", param=param)
-    texts = []
-    for i, block in enumerate(content):
-        where = f"{param}[{i}]"
-        if isinstance(block, str):
-            texts.append(block)
-            continue
-        block = obj(block, where)
-        kind = block.get("type", "text")
-        if kind in ("image", "document") and not _text_document(block):
-            raise invalid_request(f"{where}: {NO_VISION}", param=where)
-        text = _text_document(block) if kind == "document" else block.get("text")
-        if kind == "search_result":
-            text = _text_of(block.get("content"), f"{where}.content")
-        if text is not None:
-            if not isinstance(text, str):
-                raise invalid_request(f"{where}.text must be a string", param=f"{where}.text")
-            texts.append(text)
     return "\n".join(texts)
+
+
+def _block_text(block: Any, where: str) -> str | None:
+    block = obj(block, where)
+    kind = block.get("type", "text")
+    if kind in ("image", "document") and not _text_document(block):
+        raise invalid_request(f"{where}: {NO_VISION}", param=where)
+    text = _text_document(block) if kind == "document" else block.get("text")
+    if kind == "search_result":
+        text = _text_of(block.get("content"), f"{where}.content")
+    if text is not None and not isinstance(text, str):
+        raise invalid_request(f"{where}.text must be a string", param=f"{where}.text")
+    return text
 
 
 BILLING_HEADER = "x-anthropic-billing-header:"

@@ -18,6 +18,7 @@ from jumpahead.engine.types import SamplingParams
 
 from . import sse
 from .adapter import AdapterContext
+from jumpahead.core.content import content_texts
 from jumpahead.core.errors import error_body, invalid_request
 from jumpahead.core.fields import boolean, integer, number, obj
 from jumpahead.core.logprobs import top_logprobs
@@ -63,29 +64,26 @@ _number, _integer, _boolean, _object = number, integer, boolean, obj
 
 def content_text(content: Any, param: str) -> str | None:
     """A message's content as plain text: strings kept, text parts joined, images noted."""
-    if content is None or isinstance(content, str):
-        return content
-    if isinstance(content, dict):
-        content = [content]
-    if not isinstance(content, list):
+    if content is None:
+        return None
+    texts = content_texts(content, _part_text, param)
+    if texts is None:
         raise invalid_request(f"{param} must be a string, an array of content parts or null", param=param)
-    texts: list[str] = []
-    for i, part in enumerate(content):
-        if isinstance(part, str):
-            texts.append(part)
-            continue
-        if not isinstance(part, dict):
-            raise invalid_request(f"{param}[{i}] must be a content part object", param=f"{param}[{i}]")
-        kind = part.get("type", "text")
-        text = part.get("text")
-        if kind in _TEXT_PARTS or (text is not None and kind not in _IMAGE_PARTS):
-            if not isinstance(text, str):
-                raise invalid_request(f"{param}[{i}].text must be a string", param=f"{param}[{i}].text")
-            texts.append(text)
-        elif kind in _IMAGE_PARTS:
-            texts.append(IMAGE_PLACEHOLDER)
-        # other part kinds (refusal without text, file ids, audio) carry no text for us
     return "\n".join(texts)
+
+
+def _part_text(part: Any, where: str) -> str | None:
+    if not isinstance(part, dict):
+        raise invalid_request(f"{where} must be a content part object", param=where)
+    kind = part.get("type", "text")
+    text = part.get("text")
+    if kind in _TEXT_PARTS or (text is not None and kind not in _IMAGE_PARTS):
+        if not isinstance(text, str):
+            raise invalid_request(f"{where}.text must be a string", param=f"{where}.text")
+        return text
+    if kind in _IMAGE_PARTS:
+        return IMAGE_PLACEHOLDER
+    return None  # other part kinds (refusal without text, file ids, audio) carry no text for us
 
 
 def _arguments_text(arguments: Any, param: str) -> str:

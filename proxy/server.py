@@ -93,7 +93,7 @@ def _exchange(request: Request, protocol: str, body: Any, turn: Any) -> Exchange
 async def _prepare(request: Request, protocol: str, body: Any, turn: Any) -> PreparedTurn:
     hooks = request.app.state.hooks
     exchange = _exchange(request, protocol, body, turn)
-    return await prepare_turn_async(_engine(request), turn, _script(request), exchange, hooks)
+    return await prepare_turn_async(_engine(request), turn, exchange, hooks)
 
 
 def _model_name(engine: Engine) -> str:
@@ -364,7 +364,8 @@ def create_app(engine: Engine, script: Script | None = None, response_store: Res
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, signer: Signer | None = None) -> Starlette:
     """The app around a loaded engine (shared by all requests).
 
-    `script`: forced-continuation replay; each generation request consumes its next turn.
+    `script`: forced-continuation replay; each generation request consumes its next turn
+    (the script is the first hook: it takes each row's output).
     `hooks`: watchers of every exchange (core/exchange.py): policies, the trace recorder.
     `access`: API key, allowed origins, bound host (proxy/access.py; default: loopback
     names only, no key, no browser origins); `max_body_bytes`: larger bodies get 413.
@@ -402,7 +403,7 @@ def create_app(engine: Engine, script: Script | None = None, response_store: Res
     app.state.stats = Counter()
     app.state.script = script
     app.state.dashboard = DashboardFeed(engine)  # last: it reads what the other hooks noted
-    app.state.hooks = [*(hooks or []), app.state.dashboard]
+    app.state.hooks = [*([script] if script is not None else []), *(hooks or []), app.state.dashboard]
     app.state.responses = response_store if response_store is not None else ResponseStore()
     app.state.signer = signer or default_signer()  # signs reasoning handed out (proxy/signing.py)
     return app

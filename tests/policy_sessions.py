@@ -67,7 +67,7 @@ def window(session: Any, size: int, max_chars: int = 160_000) -> list[int]:
 
     turns = session.assistant_indices()
     contexts = [session.context_indices(i) for i in turns]
-    length = [len(m.content) + len(m.reasoning) + sum(len(c.arguments_text()) for c in m.tool_calls)
+    length = [len(m.content or "") + len(m.reasoning or "") + sum(len(c.arguments) for c in m.tool_calls)
               for m in session.messages]
     sizes = [sum(length[j] for j in c) for c in contexts]
 

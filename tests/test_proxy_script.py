@@ -142,7 +142,7 @@ def test_scripted_turn_runs_through_the_model(engine):
     script = Script([TURN, ScriptTurn(text="Done.")], prompt_limit=48)
     turn = Turn(messages=[Message("system", "You are helpful. " * 40), Message("user", "create hello.txt")],
                 tools=[WRITE])
-    prepared = prepare_turn(engine, turn, script)
+    prepared = prepare_turn(engine, turn, hooks=[script])
     assert len(prepared.request.prompt) == 48 and prepared.script_turn == 0
     kinds: list[str] = []
 
@@ -164,19 +164,19 @@ def test_scripted_turn_runs_through_the_model(engine):
     assert call.name == "write" and json.loads(call.arguments) == TURN.tool_calls[0].arguments
     assert prepared.scripted.strays == 0
 
-    second = asyncio.run(complete_turn(engine, prepare_turn(engine, turn, script)))
+    second = asyncio.run(complete_turn(engine, prepare_turn(engine, turn, hooks=[script])))
     assert (second.content, second.finish_reason, second.tool_calls) == ("Done.", "stop", [])
     assert second.usage.completion_tokens == len(turn_tokens(engine.tokenizer, "Done."))
     with pytest.raises(APIError, match="script exhausted"):
-        prepare_turn(engine, turn, script)
+        prepare_turn(engine, turn, hooks=[script])
 
 
 def test_long_prompt_is_cut_to_fit_and_invalid_requests_keep_their_turn(engine):
     script = Script([ScriptTurn(text="x")])
     bad = Turn(messages=[Message("user", "hi")], max_tokens=0)
     with pytest.raises(APIError) as exc:
-        prepare_turn(engine, bad, script)
+        prepare_turn(engine, bad, hooks=[script])
     assert exc.value.status == 400 and script.served == 0
     huge = Turn(messages=[Message("user", "word " * (engine.context_length + 10))])
-    prepared = prepare_turn(engine, huge, script)  # script mode: the prompt is cut to fit the context
+    prepared = prepare_turn(engine, huge, hooks=[script])  # script mode: the prompt is cut to fit the context
     assert len(prepared.request.prompt) <= engine.context_length - 2 and script.served == 1

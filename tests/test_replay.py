@@ -19,7 +19,8 @@ from jumpahead.engine.proposal import Proposal
 from jumpahead.core.exchange import BaseHooks
 from jumpahead.traces.arms import Arm, ArmError, ArmSpec, parse_arm, parse_arms, split_arms
 from jumpahead.traces.replay import ReplayOptions, forced_output, plan_session, replay
-from jumpahead.traces.session import Session, SessionMessage, SessionToolCall
+from jumpahead.core.turn import Message, ToolCall
+from jumpahead.traces.session import Session
 
 from .serving import free_port, interrupt
 
@@ -42,16 +43,16 @@ def small_session(final_text: bool = False) -> Session:
     """Two tool-call turns; the second copies the file the first one read."""
     new = CALC.replace("a - b.", "a - b (may be negative).")
     msgs = [
-        SessionMessage("system", "You are a coding agent. Use the tools."),
-        SessionMessage("user", "Fix the docstring of sub in calc.py."),
-        SessionMessage("assistant", "", reasoning="Read calc.py first.",
-                       tool_calls=[SessionToolCall("read_file", {"path": "calc.py"}, "c1")]),
-        SessionMessage("tool", CALC, tool_call_id="c1", name="read_file"),
-        SessionMessage("assistant", "", tool_calls=[SessionToolCall("write_file", {"path": "calc.py", "content": new}, "c2")]),
+        Message("system", "You are a coding agent. Use the tools."),
+        Message("user", "Fix the docstring of sub in calc.py."),
+        Message("assistant", "", reasoning="Read calc.py first.",
+                tool_calls=[ToolCall("read_file", {"path": "calc.py"}, "c1")]),
+        Message("tool", CALC, tool_call_id="c1", name="read_file"),
+        Message("assistant", "", tool_calls=[ToolCall("write_file", {"path": "calc.py", "content": new}, "c2")]),
     ]
     if final_text:
-        msgs += [SessionMessage("tool", "ok", tool_call_id="c2", name="write_file"),
-                 SessionMessage("assistant", "Done.")]
+        msgs += [Message("tool", "ok", tool_call_id="c2", name="write_file"),
+                 Message("assistant", "Done.")]
     return Session(id="small", format="test", messages=msgs, tools=TOOLS, source="test")
 
 
@@ -209,12 +210,12 @@ def test_wrong_asserted_jump_diverges(loaded_model):
 
 
 def _long_session(turns: int) -> Session:
-    msgs = [SessionMessage("system", "You are a coding agent."), SessionMessage("user", "List and read the files.")]
+    msgs = [Message("system", "You are a coding agent."), Message("user", "List and read the files.")]
     for i in range(turns):
-        msgs.append(SessionMessage("assistant", f"Step {i}.", tool_calls=[SessionToolCall("bash", {"command": f"cat f{i}.txt"}, f"c{i}")]))
-        msgs.append(SessionMessage("tool", "\n".join(f"line {i}.{k}: some file text here" for k in range(12)),
+        msgs.append(Message("assistant", f"Step {i}.", tool_calls=[ToolCall("bash", {"command": f"cat f{i}.txt"}, f"c{i}")]))
+        msgs.append(Message("tool", "\n".join(f"line {i}.{k}: some file text here" for k in range(12)),
                                    tool_call_id=f"c{i}", name="bash"))
-    msgs.append(SessionMessage("assistant", "All read."))
+    msgs.append(Message("assistant", "All read."))
     return Session(id="long", format="test", messages=msgs, source="test")
 
 
@@ -250,7 +251,7 @@ def _write_session(path: Path, final_text: bool = True) -> None:
         if m.reasoning:
             d["reasoning_content"] = m.reasoning
         if m.tool_calls:
-            d["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+            d["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.args)}}
                                for c in m.tool_calls]
         if m.tool_call_id:
             d["tool_call_id"] = m.tool_call_id

@@ -12,7 +12,8 @@ import pytest
 
 from jumpahead.app.cli import COMMANDS
 from jumpahead.traces import analysis as A
-from jumpahead.traces.session import Session, SessionMessage, SessionToolCall
+from jumpahead.core.turn import Message, ToolCall
+from jumpahead.traces.session import Session
 
 REPLAY = {
     "kind": "jumpahead.replay", "version": 1, "model": "SmolLM2-135M-Instruct", "arms": ["ordinary", "echo"],
@@ -51,10 +52,10 @@ def analysis_json(tmp_path_factory) -> Path:
     """A real analysis of a constructed session: a read file written back."""
     body = "\n".join(f"def f{i}(x):\n    return x * {i} + helper(x, depth={i})" for i in range(10))
     s = Session("analysed", "test", [
-        SessionMessage("user", "copy it"),
-        SessionMessage("assistant", reasoning="read first", tool_calls=[SessionToolCall("read", {"path": "a.py"})]),
-        SessionMessage("tool", body),
-        SessionMessage("assistant", tool_calls=[SessionToolCall("write", {"path": "b.py", "content": body})]),
+        Message("user", "copy it"),
+        Message("assistant", reasoning="read first", tool_calls=[ToolCall("read", {"path": "a.py"})]),
+        Message("tool", body),
+        Message("assistant", tool_calls=[ToolCall("write", {"path": "b.py", "content": body})]),
     ])
     r = A.analyze_session(s, A.load_tokenizer())
     result = {"kind": A.KIND, "version": A.VERSION, "window": A.W, "sessions": [r], "overall": A.combine([r])}
@@ -191,10 +192,10 @@ def test_report_from_a_real_replay_run(tmp_path, loaded_model):
         pytest.skip("the forced replay (traces/replay.py) is not there yet")
     body = "\n".join(f"total_{i} = price_{i} * count_{i}" for i in range(4))
     session = Session("tiny-replay", "test", [
-        SessionMessage("user", "Copy totals.py to out.py"),
-        SessionMessage("assistant", tool_calls=[SessionToolCall("read", {"path": "totals.py"}, id="c1")]),
-        SessionMessage("tool", body, tool_call_id="c1", name="read"),
-        SessionMessage("assistant", tool_calls=[SessionToolCall("write", {"path": "out.py", "content": body}, id="c2")]),
+        Message("user", "Copy totals.py to out.py"),
+        Message("assistant", tool_calls=[ToolCall("read", {"path": "totals.py"}, id="c1")]),
+        Message("tool", body, tool_call_id="c1", name="read"),
+        Message("assistant", tool_calls=[ToolCall("write", {"path": "out.py", "content": body}, id="c2")]),
     ])
     doc = replay([session], ReplayOptions(arms=parse_arms("ordinary,echo"), turns=1, max_context=512,
                                           max_output_tokens=128), loaded_model)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from jumpahead.traces import analysis as A
-from jumpahead.traces.session import Session, SessionMessage, SessionToolCall
+from jumpahead.core.turn import Message, ToolCall
+from jumpahead.traces.session import Session
 
 SHARED = Path(os.environ.get("JUMPAHEAD_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 
@@ -33,19 +34,19 @@ def n_tokens(tok, text: str) -> int:
 
 
 def msg(role, content="", reasoning="", calls=()):
-    return SessionMessage(role=role, content=content, reasoning=reasoning, tool_calls=list(calls))
+    return Message(role=role, content=content, reasoning=reasoning, tool_calls=list(calls))
 
 
-def write(content: str, path: str = "app/views.py") -> SessionToolCall:
-    return SessionToolCall(name="write", arguments={"path": path, "content": content})
+def write(content: str, path: str = "app/views.py") -> ToolCall:
+    return ToolCall(name="write", arguments={"path": path, "content": content})
 
 
 def test_argument_values_are_what_the_model_types():
-    c = SessionToolCall("edit", {"path": "a.py", "edits": [{"old": "x", "new": "y"}], "n": 3, "flag": None})
+    c = ToolCall("edit", {"path": "a.py", "edits": [{"old": "x", "new": "y"}], "n": 3, "flag": None})
     assert A.argument_values(c) == ["a.py", "x", "y", "3"]
-    assert A.argument_values(SessionToolCall("bash", '{"command": "ls -la"}')) == ["ls -la"]
-    assert A.argument_values(SessionToolCall("bash", "ls -la | head")) == ["ls -la | head"]  # raw text
-    assert A.argument_values(SessionToolCall("noop", {})) == []
+    assert A.argument_values(ToolCall("bash", '{"command": "ls -la"}')) == ["ls -la"]
+    assert A.argument_values(ToolCall("bash", "ls -la | head")) == ["ls -la | head"]  # raw text
+    assert A.argument_values(ToolCall("noop", {})) == []
 
 
 def test_write_of_read_content_is_context_copyable_not_reasoning(tok):
@@ -53,7 +54,7 @@ def test_write_of_read_content_is_context_copyable_not_reasoning(tok):
         msg("system", "You are a coding agent."),
         msg("user", "Copy the views to app/views.py"),
         msg("assistant", reasoning="I should read the old file first.",
-            calls=[SessionToolCall("read", {"path": "old/views.py"})]),
+            calls=[ToolCall("read", {"path": "old/views.py"})]),
         msg("tool", FILE),
         msg("assistant", reasoning="Now I write it to the new place.", calls=[write(FILE)]),
     ])
@@ -138,9 +139,9 @@ def test_line_number_prefixes_are_stripped_from_tool_results(tok):
     assert A.strip_line_numbers(numbered) == SHORT_LINES
     s = Session("n", "test", [
         msg("user", "edit it"),
-        msg("assistant", calls=[SessionToolCall("Read", {"file_path": "/x.py"})]),
+        msg("assistant", calls=[ToolCall("Read", {"file_path": "/x.py"})]),
         msg("tool", numbered),
-        msg("assistant", calls=[SessionToolCall("Edit", {"old_string": SHORT_LINES, "new_string": "v = 0"})]),
+        msg("assistant", calls=[ToolCall("Edit", {"old_string": SHORT_LINES, "new_string": "v = 0"})]),
     ])
     r = A.analyze_session(s, tok)
     n = n_tokens(tok, SHORT_LINES)

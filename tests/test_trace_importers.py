@@ -102,7 +102,7 @@ def test_pi_public_session() -> None:
     first = next(m for m in jsonl(path) if m.get("type") == "message" and m["message"]["role"] == "assistant")
     call = next(b for b in first["message"]["content"] if b["type"] == "toolCall")
     got = next(c for m in s.messages for c in m.tool_calls)
-    assert (got.id, got.name, got.arguments) == (call["id"], call["name"], call["arguments"])
+    assert (got.id, got.name, got.args) == (call["id"], call["name"], call["arguments"])
     # both compactions: summary messages at their place, pointing at the first kept entry
     entries = jsonl(path)
     comps = [e for e in entries if e.get("type") == "compaction"]
@@ -178,7 +178,7 @@ def test_mini_swe_agent_public_session() -> None:
     assert s.meta["submission"] == next(m["content"] for m in doc["messages"] if m["role"] == "exit")
     # arguments are parsed from the JSON text the model wrote
     call = assistants[0]["tool_calls"][0]
-    assert s.messages[2].tool_calls[0].arguments == json.loads(call["function"]["arguments"])
+    assert s.messages[2].tool_calls[0].args == json.loads(call["function"]["arguments"])
     assert s.messages[2].reasoning == assistants[0]["reasoning_content"]
     assert_links(s)
     roundtrip(s)
@@ -206,7 +206,7 @@ def test_openhands_public_session() -> None:
     assert set(s.models) == {r["model"] for r in responses.values()}
     first_call = messages[0]["tool_calls"][0]
     got = next(m for m in s.messages if m.role == "assistant").tool_calls[0]
-    assert (got.name, got.arguments) == (first_call["function"]["name"], json.loads(first_call["function"]["arguments"]))
+    assert (got.name, got.args) == (first_call["function"]["name"], json.loads(first_call["function"]["arguments"]))
     assert s.messages[0].role == "user" and s.messages[0].content == events[0]["args"]["content"]
     assert_links(s)
     roundtrip(s)
@@ -225,10 +225,10 @@ def test_swe_agent_public_session() -> None:
     assert len(s.messages) == len(history)
     # each step's action is the command of its call, its thought the visible text
     for i in acting:
-        assert s.messages[i].tool_calls[0].arguments == {"command": history[i]["action"].strip("\n")}
+        assert s.messages[i].tool_calls[0].args == {"command": history[i]["action"].strip("\n")}
         assert s.messages[i].content == history[i]["thought"]
         assert s.messages[i].meta["raw_output"] == history[i]["content"]
-    assert [s.messages[i].tool_calls[0].arguments["command"] for i in acting] == \
+    assert [s.messages[i].tool_calls[0].args["command"] for i in acting] == \
         [t["action"].strip("\n") for t in doc["trajectory"]]
     for i in observed:
         assert s.messages[i + 1].content == history[i + 1]["content"]
@@ -295,7 +295,7 @@ def test_pi_tree_follows_the_active_branch(tmp_path: Path) -> None:
     assert roles == ["user", "assistant", "tool", "user", "user", "assistant", "tool", "user", "user", "assistant"]
     assert "The user asked to delete src." in s.messages[3].content and s.messages[3].meta["kind"] == "branch_summary"
     assert s.messages[1].reasoning == "I should run ls."
-    assert s.messages[1].tool_calls[0].arguments == {"command": "ls"}
+    assert s.messages[1].tool_calls[0].args == {"command": "ls"}
     assert s.messages[2].content == "README.md\nsrc" and s.messages[2].name == "bash"
     summary = s.messages[7]
     assert summary.meta["compaction"] == {"first_kept": 4, "tokens_before": 1234}
@@ -367,7 +367,7 @@ def test_codex_rollout(tmp_path: Path) -> None:
                                             "user", "user", "assistant"]
     first, second, third = (s.messages[i] for i in (2, 4, 6))
     assert first.reasoning == "**Running the tests**" and first.model == "gpt-5-codex"
-    assert first.tool_calls[0].arguments == {"command": ["pytest", "-q"], "workdir": "/tmp/proj"}
+    assert first.tool_calls[0].args == {"command": ["pytest", "-q"], "workdir": "/tmp/proj"}
     assert second.reasoning == "The assertion uses the wrong sign."
     assert second.tool_calls[0].name == "apply_patch" and second.tool_calls[0].arguments.startswith("*** Begin Patch")
     assert third.content == "Fixed the sign in t.py." and third.reasoning == "" and third.meta["encrypted_reasoning"] == 1
@@ -464,7 +464,7 @@ def test_opencode_export_steps_and_tool_parts(tmp_path: Path) -> None:
     assert s.messages[0].content == "fix the bug in a.py"
     step1, step2, step3 = s.messages[1], s.messages[3], s.messages[6]
     assert (step1.reasoning, step1.content) == ("Read the file first.", "Let me look.")
-    assert step1.tool_calls[0].arguments == {"filePath": "/p/a.py"} and s.messages[2].content == "1\tx = 1"
+    assert step1.tool_calls[0].args == {"filePath": "/p/a.py"} and s.messages[2].content == "1\tx = 1"
     assert [c.name for c in step2.tool_calls] == ["edit", "bash"]
     assert s.messages[4].content == "oldString not found" and s.messages[4].meta["is_error"]
     assert s.messages[5].content == "[Tool execution was interrupted]"
@@ -505,7 +505,7 @@ def test_openai_messages_shapes(tmp_path: Path) -> None:
         [s] = load_sessions(path)
         assert s.format == "openai-messages"
         assert counts(s) == {"turns": 2, "tool_calls": 1, "tool_results": 1, "reasoning": 2}
-        assert s.messages[2].tool_calls[0].arguments == {"cmd": "ls /tmp"} and s.messages[3].name == "bash"
+        assert s.messages[2].tool_calls[0].args == {"cmd": "ls /tmp"} and s.messages[3].name == "bash"
         assert (s.messages[4].reasoning, s.messages[4].content) == ("Answer briefly.", "It holds a.txt.")
         assert_links(s)
         roundtrip(s)

@@ -165,7 +165,7 @@ def test_openhands_eval_output_every_instance_a_session(tmp_path: Path) -> None:
     assert [m.role for m in fc.messages] == ["system", "user", "assistant", "tool", "tool", "assistant", "tool",
                                              "assistant"]
     assert [c.id for c in fc.messages[2].tool_calls] == ["toolu_01", "toolu_02"]
-    assert fc.messages[2].tool_calls[1].arguments == {"command": "view", "path": "/workspace/repo/calc.py"}
+    assert fc.messages[2].tool_calls[1].args == {"command": "view", "path": "/workspace/repo/calc.py"}
     assert fc.messages[5].reasoning == "add() subtracts; the operator is wrong."
     assert fc.messages[4].content == rows[0]["history"][7]["content"] and fc.messages[4].name == "str_replace_editor"
     assert fc.models == ["claude-sonnet-4-20250514"] and fc.tools == rows[0]["history"][0]["args"]["tools"]
@@ -173,7 +173,7 @@ def test_openhands_eval_output_every_instance_a_session(tmp_path: Path) -> None:
     pairs = rows[1]["history"]
     assert [m.role for m in text.messages] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
     assert text.messages[1].tool_calls[0].name == "run" and text.messages[1].content == "Run the tests first."
-    assert text.messages[1].tool_calls[0].arguments == {"command": "pytest -q", "keep_prompt": True}
+    assert text.messages[1].tool_calls[0].args == {"command": "pytest -q", "keep_prompt": True}
     assert text.messages[2].content == pairs[1][1]["content"] and text.messages[4].name == "run_ipython"
     assert text.models == ["litellm_proxy/claude-sonnet-4"]  # no response recorded: the configured model
     # an instance that failed before the agent ran still holds its task, and says why it stopped
@@ -353,19 +353,19 @@ def test_cline_xml_tool_tags(tmp_path: Path) -> None:
         b["text"] for m in history if m["role"] == "assistant" for b in m["content"]))]
     read = s.messages[1]
     assert read.content == "<thinking>\nI need to see cli.py first.\n</thinking>"
-    assert read.tool_calls[0].arguments == {"path": "cli.py"}
+    assert read.tool_calls[0].args == {"path": "cli.py"}
     # an older result: the header block, then the output's blocks
     assert s.messages[2].role == "tool"
     assert s.messages[2].content == "\n\n".join(b["text"] for b in history[2]["content"][:2])
     edit = next(m for m in s.messages if m.role == "assistant" and len(m.tool_calls) == 2)
     assert edit.content == "I'll add the flag, then run it."
-    diff = edit.tool_calls[0].arguments["diff"]
+    diff = edit.tool_calls[0].args["diff"]
     assert diff.startswith("<<<<<<< SEARCH") and diff.endswith(">>>>>>> REPLACE")
-    assert edit.tool_calls[1].arguments == {"command": "python cli.py --verbose", "requires_approval": "false"}
+    assert edit.tool_calls[1].args == {"command": "python cli.py --verbose", "requires_approval": "false"}
     skipped = next(m for m in s.messages if m.role == "tool" and m.name == "execute_command")
     assert skipped.meta["not_run"] and "was not executed" in skipped.content
     # a file holding "</content>" keeps it: write_to_file's content runs to its last closing tag
-    page = next(c for m in s.messages for c in m.tool_calls if c.name == "write_to_file").arguments["content"]
+    page = next(c for m in s.messages for c in m.tool_calls if c.name == "write_to_file").args["content"]
     assert page.startswith("<html>") and "a literal </content> tag" in page and page.endswith("</html>")
     denied = next(m for m in s.messages if m.role == "tool" and m.name == "write_to_file")
     assert "The user denied this operation." in denied.content and "Put it in README.md" in denied.content
@@ -383,7 +383,7 @@ def test_cline_native_tool_blocks(tmp_path: Path) -> None:
     assert s.format == "cline" and s.id == "1760000000000"
     assert counts(s) == raw_cline(history)
     uses = [b for m in history if m["role"] == "assistant" for b in _blocks(m, "tool_use")]
-    assert [(c.id, c.name, c.arguments) for m in s.messages for c in m.tool_calls] == \
+    assert [(c.id, c.name, c.args) for m in s.messages for c in m.tool_calls] == \
         [(b["id"], b["name"], b["input"]) for b in uses]
     # results answer their call by id, also out of order
     answered = {m.tool_call_id: m for m in s.messages if m.role == "tool"}

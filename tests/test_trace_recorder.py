@@ -252,7 +252,7 @@ def test_script_mode_turns_rewrites_and_tool_results_reimport(engine, tmp_path):
     assert roles == ["user", "assistant", "tool", "assistant"]
     answer, tool, last = session.messages[1:]
     assert answer.reasoning.strip() == "I should write it." and answer.content == "Writing."
-    assert [(c.name, c.arguments, c.id) for c in answer.tool_calls] == [("write", {"path": "a.txt", "content": "hi"},
+    assert [(c.name, c.args, c.id) for c in answer.tool_calls] == [("write", {"path": "a.txt", "content": "hi"},
                                                                          tool_use.id)]
     assert (tool.content, tool.tool_call_id) == (result, tool_use.id)  # as the client sent it
     assert last.content == "Done, the file is written." and last.meta["turn_index"] == 1

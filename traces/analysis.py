@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from .session import Session, SessionToolCall
+from jumpahead.core.turn import ToolCall
+from .session import Session
 
 KIND = "jumpahead.analysis"
 VERSION = 1
@@ -66,7 +67,7 @@ def strip_line_numbers(text: str) -> str:
     return _LINE_NUMBER.sub("", text)
 
 
-def argument_values(call: SessionToolCall) -> list[str]:
+def argument_values(call: ToolCall) -> list[str]:
     """The texts the model types for a call: its argument values, in order.
 
     Keys, quotes and JSON syntax are left out: a template or grammar supplies those.

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .session import SessionMessage
+from jumpahead.core.turn import Message
 
 
-def recorded_tokens(message: SessionMessage) -> list[int] | None:
+def recorded_tokens(message: Message) -> list[int] | None:
     """The output ids a jumpahead trace recorded for this assistant message (None: the
     message holds none, or its answer continued an assistant prefix the client sent,
     so the ids cover only part of the message)."""
@@ -27,7 +27,7 @@ def recorded_tokens(message: SessionMessage) -> list[int] | None:
     return [int(t) for t in tokens] if tokens else None
 
 
-def same_tokenizer(tokenizer: Any, message: SessionMessage) -> bool:
+def same_tokenizer(tokenizer: Any, message: Message) -> bool:
     """True when `tokenizer` decodes every recorded run to the text the recording
     server's tokenizer decoded it to: the ids mean the same text to this model (a trace
     recorded with another model's vocabulary fails this at its first run)."""
@@ -42,7 +42,7 @@ def same_tokenizer(tokenizer: Any, message: SessionMessage) -> bool:
     return True
 
 
-def recorded_output(tokenizer: Any, message: SessionMessage) -> tuple[str, list[int]] | None:
+def recorded_output(tokenizer: Any, message: Message) -> tuple[str, list[int]] | None:
     """(text without EOS, ids) of the recorded answer when replay should force the ids
     themselves; None where the answer must be rendered from its text."""
     tokens = recorded_tokens(message)

@@ -38,9 +38,11 @@ from jumpahead.core.prompt import prompt_opens_reasoning
 from jumpahead.core.runner import complete_turn, prepare_turn
 from jumpahead.core.script import ScriptedCall, ScriptTurn, render_turn, turn_tokens
 
+from jumpahead.core.turn import Message
+
 from .arms import BASELINE, Arm, policy_hooks
 from .recorded import recorded_output
-from .session import Session, SessionMessage
+from .session import Session
 from .window import Window, WindowTooSmall, fit
 
 # Defaults sized so `jumpahead replay --arms ordinary,strict,echo` on a public session
@@ -76,7 +78,7 @@ class PlannedTurn:
     window: dict[str, Any] | None
 
 
-def script_turn(message: SessionMessage) -> ScriptTurn:
+def script_turn(message: Message) -> ScriptTurn:
     """A recorded assistant message as a script turn (core/script.py)."""
     return ScriptTurn(text=message.content or "", reasoning=message.reasoning or "",
                       tool_calls=[ScriptedCall(c.name, _arguments(c.arguments)) for c in message.tool_calls])
@@ -93,7 +95,7 @@ def _arguments(value: Any) -> Any:
     return value
 
 
-def forced_output(tokenizer: Any, message: SessionMessage, tools: list | None, in_reasoning: bool) -> tuple[str, list[int]]:
+def forced_output(tokenizer: Any, message: Message, tools: list | None, in_reasoning: bool) -> tuple[str, list[int]]:
     recorded = recorded_output(tokenizer, message)  # our own traces: the ids the model emitted (traces/recorded.py)
     if recorded is not None:
         return recorded
@@ -241,7 +243,7 @@ async def run_arm_turn(engine: Engine, arm: Arm, hooks: list[Any], plan: Planned
         options["oracle_output"] = plan.text  # the agreed interface of oracle-jump (policies/jump.py)
     turn.extra = {**turn.extra, "jumpahead": options}
     exchange = Exchange(protocol="chat", session_id=f"replay:{session_id}:{arm.name}")
-    prepared = await asyncio.to_thread(prepare_turn, engine, turn, None, exchange, hooks)
+    prepared = await asyncio.to_thread(prepare_turn, engine, turn, exchange, hooks)
     probe = engine.probe(prepared.request.request_id, plan.tokens)
     out = await complete_turn(engine, prepared)
     if out.finish_reason == "error":

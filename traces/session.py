@@ -10,44 +10,22 @@ policies' tests read only this.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-import orjson
+from jumpahead.core.turn import Message, Tool, ToolCall, ToolChoice, Turn
 
-Role = Literal["system", "user", "assistant", "tool"]
+from .turn_json import generation_extra, message_from_json, message_to_json
 
-
-@dataclass
-class SessionToolCall:
-    name: str
-    arguments: Any = field(default_factory=dict)  # a JSON value (normally an object), or raw text
-    id: str = ""
-
-    def arguments_text(self) -> str:
-        """The arguments as a JSON text (raw text kept as it is)."""
-        if isinstance(self.arguments, str):
-            return self.arguments
-        return orjson.dumps(self.arguments).decode()
-
-
-@dataclass
-class SessionMessage:
-    role: Role
-    content: str = ""  # visible text (user text, assistant text, tool result text)
-    reasoning: str = ""  # an assistant message's thinking / reasoning, where recorded
-    tool_calls: list[SessionToolCall] = field(default_factory=list)
-    tool_call_id: str | None = None  # role == "tool": the call it answers
-    name: str | None = None  # role == "tool": the tool's name where known
-    model: str | None = None  # the model that wrote this message, where known
-    timestamp: str | None = None
-    meta: dict[str, Any] = field(default_factory=dict)  # format-specific extras (recorded provenance, ...)
+# The conversation is modelled once: a session's messages are the turn pipeline's own
+# `Message`s (with the recorded provenance fields model, timestamp and meta) and its
+# calls `ToolCall`s, whose arguments a JSON value given by an importer becomes text of.
 
 
 @dataclass
 class Session:
     id: str
     format: str  # the importer that read it ("pi", "claude-code", "jumpahead", ...)
-    messages: list[SessionMessage] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
     tools: list[dict[str, Any]] = field(default_factory=list)  # OpenAI function tools, where known
     source: str = ""  # the file it came from
     meta: dict[str, Any] = field(default_factory=dict)
@@ -69,7 +47,7 @@ class Session:
     @property
     def reasoning_count(self) -> int:
         """Assistant messages that carry reasoning text."""
-        return sum(1 for m in self.messages if m.role == "assistant" and m.reasoning.strip())
+        return sum(1 for m in self.messages if m.role == "assistant" and (m.reasoning or "").strip())
 
     @property
     def models(self) -> list[str]:
@@ -93,15 +71,16 @@ class Session:
 
     # --- serialisation (`jumpahead traces import --out`): plain JSON values, exact round trip ---
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The session as JSON values; its messages in the one JSON form of a Message
+        (traces/turn_json.py), which recorded trace contexts use too."""
+        out = {k: v for k, v in asdict(self).items() if k != "messages"}
+        out["messages"] = [message_to_json(m) for m in self.messages]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Session:
         fields = dict(data)
-        fields["messages"] = [
-            SessionMessage(**{**m, "tool_calls": [SessionToolCall(**c) for c in m.get("tool_calls", [])]})
-            for m in data.get("messages", [])
-        ]
+        fields["messages"] = [message_from_json(m) for m in data.get("messages", [])]
         return cls(**fields)
 
     # --- the bridge to the server's own Turn (replay, policies) ---
@@ -119,28 +98,26 @@ class Session:
         earlier = list(range(kept, last)) if isinstance(kept, int) and 0 <= kept < last else []
         return [last, *earlier, *range(last + 1, upto)]
 
-    def turn_messages(self, upto: int) -> list[Any]:
-        """The proxy's `Message`s the agent sent before message `upto` (context_indices)."""
-        from jumpahead.core.turn import Message, ToolCall
-
+    def turn_messages(self, upto: int) -> list[Message]:
+        """The messages the agent sent before message `upto` (context_indices), as a
+        request holds them: without the recorded provenance, every call with an id."""
         out = []
         for i in self.context_indices(upto):
             m = self.messages[i]
             # importers set ids where the source has them; tool results refer to them
-            calls = [ToolCall(name=c.name, arguments=c.arguments_text(), id=c.id or f"call_{i}_{j}")
+            calls = [ToolCall(name=c.name, arguments=c.arguments, id=c.id or f"call_{i}_{j}")
                      for j, c in enumerate(m.tool_calls)]
-            out.append(Message(role=m.role, content=m.content, reasoning=m.reasoning or None, tool_calls=calls,
-                               tool_call_id=m.tool_call_id, name=m.name))
+            out.append(Message(role=m.role, content=m.content if m.content is not None else "",
+                               reasoning=m.reasoning or None, tool_calls=calls, tool_call_id=m.tool_call_id,
+                               name=m.name))
         return out
 
-    def turn(self, index: int) -> Any:
-        """The proxy `Turn` that asks for assistant message `index` (its history before it).
+    def turn(self, index: int) -> Turn:
+        """The `Turn` that asks for assistant message `index` (its history before it).
 
         Where the source recorded the request's tool choice and thinking switch (our own
         traces, in the message's meta), the Turn asks with them: a required or named
         tool choice constrains the answer (and strict fill) by a grammar."""
-        from jumpahead.core.turn import Tool, ToolChoice, Turn
-
         if self.messages[index].role != "assistant":
             raise ValueError(f"message {index} is a {self.messages[index].role} message, not an assistant turn")
         tools = []
@@ -156,7 +133,5 @@ class Session:
         if isinstance(meta.get("thinking"), bool):
             turn.thinking = meta["thinking"]
         if isinstance(meta.get("extra"), dict):  # e.g. a response format: the same grammar again
-            from .turn_json import generation_extra
-
             turn.extra = generation_extra(meta["extra"])
         return turn

@@ -1,7 +1,8 @@
-"""The proxy's `Turn` as plain JSON and back: the `context` of a recorded trace turn.
+"""A `Turn` and its `Message`s as plain JSON and back.
 
-A trace stores the context the model saw (after policies) in this form, so replay and
-analysis rebuild the exact Turn without knowing the protocol it arrived in.
+A trace stores the context the model saw (after policies) in this form (its `context`),
+so replay and analysis rebuild the exact Turn without knowing the protocol it arrived
+in; an imported Session stores its messages in the same form (traces/session.py).
 """
 
 from __future__ import annotations
@@ -21,16 +22,18 @@ def call_to_json(call: ToolCall) -> dict[str, Any]:
 
 
 def message_to_json(m: Message) -> dict[str, Any]:
-    """Only the fields a message has (a tool result has no tool_calls, ...): smaller files."""
+    """Only the fields a message has (a tool result has no tool_calls, ...): smaller files.
+    Reasoning "" and None stay apart (an imported session's round trip is exact)."""
     out: dict[str, Any] = {"role": m.role, "content": m.content}
-    if m.reasoning:
+    if m.reasoning is not None:
         out["reasoning"] = m.reasoning
     if m.tool_calls:
         out["tool_calls"] = [call_to_json(c) for c in m.tool_calls]
-    if m.tool_call_id is not None:
-        out["tool_call_id"] = m.tool_call_id
-    if m.name is not None:
-        out["name"] = m.name
+    for key in ("tool_call_id", "name", "model", "timestamp"):
+        if getattr(m, key) is not None:
+            out[key] = getattr(m, key)
+    if m.meta:
+        out["meta"] = m.meta
     return out
 
 
@@ -71,10 +74,13 @@ def turn_to_json(turn: Turn) -> dict[str, Any]:
 
 
 def message_from_json(d: dict[str, Any]) -> Message:
+    """The message `message_to_json` wrote (arguments given as a JSON value, as session
+    files written before the one model hold them, become their JSON text)."""
     calls = [ToolCall(name=str(c.get("name", "")), arguments=c.get("arguments", "{}"), id=str(c.get("id") or ""),
                       issues=list(c.get("issues") or [])) for c in d.get("tool_calls") or []]
     return Message(role=d.get("role", "user"), content=d.get("content"), reasoning=d.get("reasoning"),
-                   tool_calls=calls, tool_call_id=d.get("tool_call_id"), name=d.get("name"))
+                   tool_calls=calls, tool_call_id=d.get("tool_call_id"), name=d.get("name"), model=d.get("model"),
+                   timestamp=d.get("timestamp"), meta=dict(d.get("meta") or {}))
 
 
 def turn_from_json(d: dict[str, Any]) -> Turn:

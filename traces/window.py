@@ -45,7 +45,7 @@ def _estimate(tokenizer: Any, session: Session) -> list[int]:
     """Rough prompt tokens per message (its texts plus template overhead)."""
     out = []
     for m in session.messages:
-        text = m.content + m.reasoning + "".join(c.name + c.arguments_text() for c in m.tool_calls)
+        text = (m.content or "") + (m.reasoning or "") + "".join(c.name + c.arguments for c in m.tool_calls)
         out.append(len(tokenizer.encode(text, add_special_tokens=False)) + 8 + 8 * len(m.tool_calls))
     return out
 

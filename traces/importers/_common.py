@@ -14,7 +14,8 @@ from typing import Any
 
 import orjson
 
-from ..session import SessionMessage
+from jumpahead.core.content import content_texts
+from jumpahead.core.turn import Message
 
 # (path, mtime_ns, size) -> parsed document, or None where it is not one JSON document.
 # Several detectors ask for the same file; it is read and parsed once.
@@ -132,24 +133,19 @@ def join_texts(parts: list[str], sep: str = "\n\n") -> str:
 
 
 def content_text(content: Any, sep: str = "\n\n") -> str:
-    """Plain text out of a message's content: a string, or a list of typed blocks."""
-    if content is None:
-        return ""
+    """Plain text out of a message's content: a string, or a list of typed blocks (the
+    text ones count; images, tool blocks and what a format adds are left out)."""
     if isinstance(content, str):
         return content
-    if isinstance(content, dict):
-        content = [content]
-    if isinstance(content, list):
-        texts = []
-        for block in content:
-            if isinstance(block, str):
-                texts.append(block)
-            elif isinstance(block, dict) and (block.get("type") in TEXT_TYPES or "type" not in block):
-                text = block.get("text")
-                if isinstance(text, str):
-                    texts.append(text)
-        return join_texts(texts, sep)
-    return str(content)
+    texts = content_texts(content, _block_text)
+    return str(content) if texts is None else join_texts(texts, sep)
+
+
+def _block_text(block: Any, where: str) -> str | None:
+    if isinstance(block, dict) and (block.get("type") in TEXT_TYPES or "type" not in block):
+        text = block.get("text")
+        return text if isinstance(text, str) else None
+    return None
 
 
 def count_images(content: Any) -> int:
@@ -190,10 +186,10 @@ def parse_arguments(raw: Any) -> Any:
 
 
 def compaction_message(text: str, first_kept: int | None, *, role: str = "user", timestamp: str | None = None,
-                       **extra: Any) -> SessionMessage:
+                       **extra: Any) -> Message:
     """A compaction summary as a message. `meta["compaction"]["first_kept"]` is the index in
     Session.messages of the first earlier message still in context after the compaction
     (None: nothing earlier is kept); Session.turn() builds later contexts from it."""
     info = {"first_kept": first_kept, **{k: v for k, v in extra.items() if v is not None}}
-    return SessionMessage(role=role, content=text, timestamp=timestamp, meta={"compaction": info})  # type: ignore[arg-type]
+    return Message(role=role, content=text, timestamp=timestamp, meta={"compaction": info})  # type: ignore[arg-type]
 

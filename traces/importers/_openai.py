@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..session import SessionMessage, SessionToolCall
+from jumpahead.core.turn import Message, ToolCall
 from ._common import content_text, count_images, parse_arguments
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool",
@@ -19,17 +19,17 @@ def is_message(value: Any) -> bool:
     return isinstance(value, dict) and value.get("role") in _ROLES
 
 
-def tool_calls(msg: dict[str, Any]) -> list[SessionToolCall]:
+def tool_calls(msg: dict[str, Any]) -> list[ToolCall]:
     calls = []
     for call in msg.get("tool_calls") or []:
         if not isinstance(call, dict):
             continue
         fn = call.get("function") if isinstance(call.get("function"), dict) else call
-        calls.append(SessionToolCall(name=fn.get("name") or "", arguments=parse_arguments(fn.get("arguments")),
-                                     id=call.get("id") or ""))
+        calls.append(ToolCall(name=fn.get("name") or "", arguments=parse_arguments(fn.get("arguments")),
+                              id=call.get("id") or ""))
     legacy = msg.get("function_call")
     if isinstance(legacy, dict) and legacy.get("name"):  # the pre-tools `function_call` field
-        calls.append(SessionToolCall(name=legacy["name"], arguments=parse_arguments(legacy.get("arguments"))))
+        calls.append(ToolCall(name=legacy["name"], arguments=parse_arguments(legacy.get("arguments"))))
     return calls
 
 
@@ -44,7 +44,7 @@ def reasoning_of(msg: dict[str, Any]) -> str:
     return ""
 
 
-def convert(msg: dict[str, Any], *, model: str | None = None, timestamp: str | None = None) -> SessionMessage:
+def convert(msg: dict[str, Any], *, model: str | None = None, timestamp: str | None = None) -> Message:
     """One OpenAI-style message. Unknown roles must be filtered by the caller (is_message)."""
     role = _ROLES[msg["role"]]
     content = content_text(msg.get("content"))
@@ -54,7 +54,7 @@ def convert(msg: dict[str, Any], *, model: str | None = None, timestamp: str | N
     images = count_images(msg.get("content"))
     if images:
         meta["images"] = images
-    out = SessionMessage(role=role, content=content, timestamp=timestamp, meta=meta)  # type: ignore[arg-type]
+    out = Message(role=role, content=content, timestamp=timestamp, meta=meta)  # type: ignore[arg-type]
     if role == "assistant":
         out.reasoning = reasoning_of(msg)
         if not out.reasoning:
@@ -72,7 +72,7 @@ def convert(msg: dict[str, Any], *, model: str | None = None, timestamp: str | N
     return out
 
 
-def link_tool_names(messages: list[SessionMessage]) -> None:
+def link_tool_names(messages: list[Message]) -> None:
     """Fill a tool result's name from the call it answers, where the file omits it."""
     names = {c.id: c.name for m in messages if m.role == "assistant" for c in m.tool_calls if c.id}
     for m in messages:

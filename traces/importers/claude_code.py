@@ -22,8 +22,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from jumpahead.core.turn import Message, ToolCall
+
 from ..formats import Format, register
-from ..session import Session, SessionMessage, SessionToolCall
+from ..session import Session
 from ._common import compaction_message, content_text, count_images, first_dicts, join_texts, read_jsonl
 
 NAME = "claude-code"
@@ -45,7 +47,7 @@ class _Builder:
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        self.by_message_id: dict[str, SessionMessage] = {}
+        self.by_message_id: dict[str, Message] = {}
         self.call_names: dict[str, str] = {}
         self.compact_pending: dict[str, Any] | None = None
         self.seen: set[str] = set()
@@ -70,7 +72,7 @@ class _Builder:
         target = self.by_message_id.get(mid) if mid else None
         if target is None:
             model = msg.get("model")
-            target = SessionMessage(role="assistant", model=None if model == "<synthetic>" else model,
+            target = Message(role="assistant", model=None if model == "<synthetic>" else model,
                                     timestamp=entry.get("timestamp"),
                                     meta={"message_id": mid, **({"synthetic": True} if model == "<synthetic>" else {})})
             target.meta["_texts"], target.meta["_thinking"] = [], []
@@ -90,7 +92,7 @@ class _Builder:
             elif btype == "redacted_thinking":
                 target.meta["redacted_thinking"] = target.meta.get("redacted_thinking", 0) + 1
             elif btype in ("tool_use", "server_tool_use"):
-                call = SessionToolCall(name=block.get("name") or "", arguments=block.get("input") or {},
+                call = ToolCall(name=block.get("name") or "", arguments=block.get("input") or {},
                                        id=block.get("id") or "")
                 target.tool_calls.append(call)
                 self.call_names[call.id] = call.name
@@ -121,7 +123,7 @@ class _Builder:
                 if block.get("type") == "tool_result":
                     cid = block.get("tool_use_id") or ""
                     rmeta = {"is_error": True} if block.get("is_error") else {}
-                    self.session.messages.append(SessionMessage(
+                    self.session.messages.append(Message(
                         role="tool", content=content_text(block.get("content"), "\n"), tool_call_id=cid,
                         name=self.call_names.get(cid), timestamp=ts, meta=rmeta))
                 elif block.get("type") == "text":
@@ -130,10 +132,10 @@ class _Builder:
             if images:
                 meta["images"] = images
             if texts or images:
-                self.session.messages.append(SessionMessage(role="user", content=join_texts(texts), timestamp=ts,
+                self.session.messages.append(Message(role="user", content=join_texts(texts), timestamp=ts,
                                                             meta=meta))
             return
-        self.session.messages.append(SessionMessage(role="user", content=content_text(content), timestamp=ts, meta=meta))
+        self.session.messages.append(Message(role="user", content=content_text(content), timestamp=ts, meta=meta))
 
     def finish(self) -> Session:
         for m in self.session.messages:

@@ -33,8 +33,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from jumpahead.core.turn import Message, ToolCall
+
 from ..formats import Format, register
-from ..session import Session, SessionMessage, SessionToolCall
+from ..session import Session
 from ._common import (content_text, count_images, iso_time, join_texts, json_document, load_document,
                       looks_like_document)
 
@@ -152,7 +154,7 @@ class _Reader:
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        self.pending: list[SessionToolCall] = []
+        self.pending: list[ToolCall] = []
         self.unanswered = 0
 
     def assistant(self, n: int, msg: dict[str, Any]) -> None:
@@ -171,7 +173,7 @@ class _Reader:
                     continue
                 visible, found, partial = parse_xml_calls(b["text"])
                 texts.append(visible)
-                calls += [SessionToolCall(name=name, arguments=params, id=f"cline-{n}-{len(calls) + j}")
+                calls += [ToolCall(name=name, arguments=params, id=f"cline-{n}-{len(calls) + j}")
                           for j, (name, params) in enumerate(found)]
                 if partial:
                     meta["partial_call"] = True
@@ -180,20 +182,20 @@ class _Reader:
             elif kind == "redacted_thinking":
                 meta["redacted_thinking"] = meta.get("redacted_thinking", 0) + 1
             elif kind == "tool_use":
-                calls.append(SessionToolCall(name=b.get("name") or "", arguments=b.get("input") or {},
+                calls.append(ToolCall(name=b.get("name") or "", arguments=b.get("input") or {},
                                              id=b.get("id") or f"cline-{n}-{len(calls)}"))
         info = msg.get("modelInfo") if isinstance(msg.get("modelInfo"), dict) else {}
         if info.get("mode"):
             meta["mode"] = info["mode"]
         if isinstance(msg.get("metrics"), dict):
             meta["metrics"] = msg["metrics"]
-        self.session.messages.append(SessionMessage(role="assistant", content=join_texts(texts),
+        self.session.messages.append(Message(role="assistant", content=join_texts(texts),
                                                     reasoning=join_texts(thinking), tool_calls=calls,
                                                     model=info.get("modelId"), timestamp=iso_time(msg.get("ts")),
                                                     meta=meta))
         self.pending = list(calls)
 
-    def _take(self, name: str | None = None, call_id: str | None = None) -> SessionToolCall | None:
+    def _take(self, name: str | None = None, call_id: str | None = None) -> ToolCall | None:
         for c in self.pending:
             if (call_id is not None and c.id == call_id) or (call_id is None and c.name == name):
                 self.pending.remove(c)
@@ -202,8 +204,8 @@ class _Reader:
             return self.pending.pop(0)
         return None
 
-    def _result(self, call: SessionToolCall, text: str, ts: str | None, **meta: Any) -> SessionMessage:
-        msg = SessionMessage(role="tool", content=text, tool_call_id=call.id, name=call.name, timestamp=ts,
+    def _result(self, call: ToolCall, text: str, ts: str | None, **meta: Any) -> Message:
+        msg = Message(role="tool", content=text, tool_call_id=call.id, name=call.name, timestamp=ts,
                              meta={k: v for k, v in meta.items() if v})
         self.session.messages.append(msg)
         return msg
@@ -214,7 +216,7 @@ class _Reader:
         ts = iso_time(msg.get("ts"))
         texts: list[str] = []
         images = 0
-        open_result: SessionMessage | None = None  # an older header block: the output follows in later blocks
+        open_result: Message | None = None  # an older header block: the output follows in later blocks
         for b in blocks:
             if not isinstance(b, dict):
                 continue
@@ -249,7 +251,7 @@ class _Reader:
             elif kind == "image":
                 images += 1
         if texts or images:
-            self.session.messages.append(SessionMessage(role="user", content=join_texts(texts), timestamp=ts,
+            self.session.messages.append(Message(role="user", content=join_texts(texts), timestamp=ts,
                                                         meta={"images": images} if images else {}))
 
 

@@ -21,8 +21,10 @@ from typing import Any
 
 import orjson
 
+from jumpahead.core.turn import Message, ToolCall
+
 from ..formats import Format, register
-from ..session import Session, SessionMessage, SessionToolCall
+from ..session import Session
 from ._common import compaction_message, content_text, first_dicts, join_texts, parse_arguments, read_jsonl
 
 NAME = "codex"
@@ -79,17 +81,17 @@ def _reasoning_text(item: dict[str, Any]) -> str:
     return ""
 
 
-def _call(item: dict[str, Any]) -> SessionToolCall | None:
+def _call(item: dict[str, Any]) -> ToolCall | None:
     kind = item.get("type")
     cid = item.get("call_id") or item.get("id") or ""
     if kind == "function_call":
-        return SessionToolCall(name=item.get("name") or "", arguments=parse_arguments(item.get("arguments")), id=cid)
+        return ToolCall(name=item.get("name") or "", arguments=parse_arguments(item.get("arguments")), id=cid)
     if kind == "custom_tool_call":  # freeform tools (apply_patch): the input is raw text
-        return SessionToolCall(name=item.get("name") or "", arguments=item.get("input") or "", id=cid)
+        return ToolCall(name=item.get("name") or "", arguments=item.get("input") or "", id=cid)
     if kind == "local_shell_call":
-        return SessionToolCall(name="local_shell", arguments=item.get("action") or {}, id=cid)
+        return ToolCall(name="local_shell", arguments=item.get("action") or {}, id=cid)
     if kind == "web_search_call":  # runs on OpenAI's side: no output item follows
-        return SessionToolCall(name="web_search", arguments=item.get("action") or {}, id=cid)
+        return ToolCall(name="web_search", arguments=item.get("action") or {}, id=cid)
     return None
 
 
@@ -98,14 +100,14 @@ def load(path: Path) -> list[Session]:
     lines = _normalise(read_jsonl(path, warnings))
     session = Session(id=path.stem, format=NAME, source=str(path), warnings=warnings)
     model: str | None = None
-    current: SessionMessage | None = None  # the assistant message of the response being read
+    current: Message | None = None  # the assistant message of the response being read
     names: dict[str, str] = {}
     unknown: dict[str, int] = {}
 
-    def assistant(ts: str | None) -> SessionMessage:
+    def assistant(ts: str | None) -> Message:
         nonlocal current
         if current is None:
-            current = SessionMessage(role="assistant", model=model, timestamp=ts, meta={"_texts": [], "_reasoning": []})
+            current = Message(role="assistant", model=model, timestamp=ts, meta={"_texts": [], "_reasoning": []})
             session.messages.append(current)
         return current
 
@@ -122,7 +124,7 @@ def load(path: Path) -> list[Session]:
             if isinstance(instructions, dict):
                 instructions = instructions.get("text")
             if isinstance(instructions, str) and instructions.strip():
-                session.messages.append(SessionMessage(role="system", content=instructions, timestamp=ts,
+                session.messages.append(Message(role="system", content=instructions, timestamp=ts,
                                                        meta={"kind": "instructions"}))
         elif kind == "turn_context":
             model = payload.get("model") or model
@@ -141,7 +143,7 @@ def load(path: Path) -> list[Session]:
             elif itype == "message":
                 close()
                 role = payload.get("role")
-                session.messages.append(SessionMessage(
+                session.messages.append(Message(
                     role="user" if role == "user" else "system", content=content_text(payload.get("content")),
                     timestamp=ts, meta={} if role in ("user", "system") else {"original_role": role}))
             elif itype == "reasoning":
@@ -159,7 +161,7 @@ def load(path: Path) -> list[Session]:
             elif itype in _RESULT_ITEMS:
                 close()
                 cid = payload.get("call_id") or ""
-                session.messages.append(SessionMessage(role="tool", content=_output_text(payload.get("output")),
+                session.messages.append(Message(role="tool", content=_output_text(payload.get("output")),
                                                        tool_call_id=cid, name=names.get(cid), timestamp=ts))
             elif itype in ("ghost_snapshot", "compaction", "compaction_summary", "other"):
                 continue  # harness state / encrypted server-side compaction: nothing readable for the model

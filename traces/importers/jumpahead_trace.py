@@ -20,8 +20,10 @@ from typing import Any
 
 import orjson
 
+from jumpahead.core.turn import Message, ToolCall
+
 from ..formats import Format, register
-from ..session import Session, SessionMessage, SessionToolCall
+from ..session import Session
 from ..trace_file import is_header, read_trace
 
 
@@ -55,14 +57,14 @@ def _arguments(raw: Any) -> Any:
     return raw
 
 
-def _calls(raw: list[Any] | None) -> list[SessionToolCall]:
-    return [SessionToolCall(name=str(c.get("name", "")), arguments=_arguments(c.get("arguments")), id=str(c.get("id") or ""))
+def _calls(raw: list[Any] | None) -> list[ToolCall]:
+    return [ToolCall(name=str(c.get("name", "")), arguments=_arguments(c.get("arguments")), id=str(c.get("id") or ""))
             for c in raw or [] if isinstance(c, dict)]
 
 
-def _client_message(m: dict[str, Any]) -> SessionMessage:
+def _client_message(m: dict[str, Any]) -> Message:
     role = m.get("role") if m.get("role") in ("system", "user", "assistant", "tool") else "user"
-    return SessionMessage(role=role, content=m.get("content") or "", reasoning=m.get("reasoning") or "",
+    return Message(role=role, content=m.get("content") or "", reasoning=m.get("reasoning") or "",
                           tool_calls=_calls(m.get("tool_calls")), tool_call_id=m.get("tool_call_id"), name=m.get("name"))
 
 
@@ -82,9 +84,9 @@ def _meta(turn: dict[str, Any]) -> dict[str, Any]:
     return meta
 
 
-def _answer(turn: dict[str, Any], model: str | None) -> SessionMessage:
+def _answer(turn: dict[str, Any], model: str | None) -> Message:
     r = turn.get("response") or {}
-    return SessionMessage(role="assistant", content=r.get("content") or "", reasoning=r.get("reasoning") or "",
+    return Message(role="assistant", content=r.get("content") or "", reasoning=r.get("reasoning") or "",
                           tool_calls=_calls(r.get("tool_calls")), model=model, timestamp=turn.get("started"),
                           meta=_meta(turn))
 
@@ -135,8 +137,8 @@ def _session(chain: list[dict[str, Any]], header: dict[str, Any], sid: str, path
     answer = _answer(last, model)
     if last.get("continues") and messages and messages[-1].role == "assistant":
         prefix = messages.pop()
-        answer.content = prefix.content + answer.content
-        answer.reasoning = prefix.reasoning + answer.reasoning
+        answer.content = (prefix.content or "") + (answer.content or "")
+        answer.reasoning = (prefix.reasoning or "") + (answer.reasoning or "")
     messages.append(answer)
     ctx = last.get("request_context") or last.get("context") or {}
     tools = [{"type": "function", "function": {"name": t.get("name"), "description": t.get("description") or "",

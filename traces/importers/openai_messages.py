@@ -14,8 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from jumpahead.core.turn import Message
+
 from ..formats import Format, register
-from ..session import Session, SessionMessage
+from ..session import Session
 from . import _openai
 from ._common import first_dicts, json_document, looks_like_document, read_jsonl
 
@@ -45,9 +47,9 @@ def detect(path: Path, head: bytes) -> bool:
     return len(rows) > 0 and _shape(rows) is not None
 
 
-def _key(m: SessionMessage) -> tuple[Any, ...]:
+def _key(m: Message) -> tuple[Any, ...]:
     """What must match for a resent message to count as the same (agents re-serialise)."""
-    return (m.role, m.content.strip(), m.tool_call_id, tuple((c.name, c.arguments_text()) for c in m.tool_calls))
+    return (m.role, (m.content or "").strip(), m.tool_call_id, tuple((c.name, c.arguments) for c in m.tool_calls))
 
 
 def _from_bodies(bodies: list[dict[str, Any]], path: Path, warnings: list[str]) -> list[Session]:

@@ -19,8 +19,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from jumpahead.core.turn import Message, ToolCall
+
 from ..formats import Format, register
-from ..session import Session, SessionMessage, SessionToolCall
+from ..session import Session
 from ._common import iso_time, join_texts, json_document, load_document, looks_like_document
 
 NAME = "opencode"
@@ -44,7 +46,7 @@ def _model(info: dict[str, Any]) -> str | None:
     return str(model["modelID"]) if isinstance(model, dict) and model.get("modelID") else None
 
 
-def _user(info: dict[str, Any], parts: list[dict[str, Any]], ts: str | None) -> SessionMessage:
+def _user(info: dict[str, Any], parts: list[dict[str, Any]], ts: str | None) -> Message:
     """toModelMessages: text parts (not `ignored`), files as notes, compaction and subtask prompts."""
     texts: list[str] = []
     meta: dict[str, Any] = {}
@@ -61,7 +63,7 @@ def _user(info: dict[str, Any], parts: list[dict[str, Any]], ts: str | None) -> 
             texts.append("The following tool was executed by the user")
     if info.get("system"):
         meta["system"] = info["system"]
-    return SessionMessage(role="user", content=join_texts(texts), timestamp=ts, model=None, meta=meta)
+    return Message(role="user", content=join_texts(texts), timestamp=ts, model=None, meta=meta)
 
 
 def _steps(parts: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -85,8 +87,8 @@ def _tool_result(part: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return INTERRUPTED, {"is_error": True, "status": status}
 
 
-def _assistant(info: dict[str, Any], parts: list[dict[str, Any]], ts: str | None) -> list[SessionMessage]:
-    out: list[SessionMessage] = []
+def _assistant(info: dict[str, Any], parts: list[dict[str, Any]], ts: str | None) -> list[Message]:
+    out: list[Message] = []
     for n, step in enumerate(_steps(parts)):
         texts = [p.get("text") or "" for p in step if p.get("type") == "text"]
         reasoning = [p.get("text") or "" for p in step if p.get("type") == "reasoning"]
@@ -97,14 +99,14 @@ def _assistant(info: dict[str, Any], parts: list[dict[str, Any]], ts: str | None
         finish = next((p for p in step if p.get("type") == "step-finish"), None)
         if finish is not None:
             meta["tokens"] = finish.get("tokens")
-        out.append(SessionMessage(
+        out.append(Message(
             role="assistant", content=join_texts(texts), reasoning=join_texts(reasoning), model=_model(info),
             timestamp=ts, meta=meta,
-            tool_calls=[SessionToolCall(name=p.get("tool") or "", arguments=(p.get("state") or {}).get("input") or {},
+            tool_calls=[ToolCall(name=p.get("tool") or "", arguments=(p.get("state") or {}).get("input") or {},
                                         id=p.get("callID") or "") for p in tools]))
         for p in tools:
             text, rmeta = _tool_result(p)
-            out.append(SessionMessage(role="tool", content=text, tool_call_id=p.get("callID") or "",
+            out.append(Message(role="tool", content=text, tool_call_id=p.get("callID") or "",
                                       name=p.get("tool"), timestamp=ts, meta=rmeta))
     return out
 

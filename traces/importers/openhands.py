@@ -26,8 +26,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from jumpahead.core.turn import Message, ToolCall
+
 from ..formats import Format, register
-from ..session import Session, SessionMessage, SessionToolCall
+from ..session import Session
 from . import _openai
 from ._common import content_text, iso_time, json_document, load_document, looks_like_document
 
@@ -54,21 +56,21 @@ def detect(path: Path, head: bytes) -> bool:
     return looks_like_document(head) and _events(json_document(path)) is not None
 
 
-def _response_message(response: dict[str, Any], ts: str | None) -> SessionMessage | None:
+def _response_message(response: dict[str, Any], ts: str | None) -> Message | None:
     choices = response.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return None
     msg = choices[0].get("message")
     if not isinstance(msg, dict):
         return None
-    return SessionMessage(role="assistant", content=content_text(msg.get("content")), reasoning=_openai.reasoning_of(msg),
+    return Message(role="assistant", content=content_text(msg.get("content")), reasoning=_openai.reasoning_of(msg),
                           tool_calls=_openai.tool_calls(msg), model=response.get("model"), timestamp=ts,
                           meta={"response_id": response.get("id"), "usage": response.get("usage")})
 
 
-def _fallback_call(event: dict[str, Any], meta: dict[str, Any]) -> SessionToolCall:
+def _fallback_call(event: dict[str, Any], meta: dict[str, Any]) -> ToolCall:
     args = {k: v for k, v in (event.get("args") or {}).items() if k not in _NOT_ARGS}
-    return SessionToolCall(name=meta.get("function_name") or event.get("action") or "", arguments=args,
+    return ToolCall(name=meta.get("function_name") or event.get("action") or "", arguments=args,
                            id=meta.get("tool_call_id") or "")
 
 
@@ -84,8 +86,8 @@ def load(path: Path) -> list[Session]:
 def add_events(session: Session, events: list[Any]) -> None:
     """Append the messages of an OpenHands event list to `session` (meta["ignored_events"]
     counts the events that hold no message)."""
-    by_response: dict[str, SessionMessage] = {}
-    text_calls: dict[Any, SessionToolCall] = {}  # event id of a metadata-less action -> the call made for it
+    by_response: dict[str, Message] = {}
+    text_calls: dict[Any, ToolCall] = {}  # event id of a metadata-less action -> the call made for it
     ignored: dict[str, int] = {}
 
     def ignore(kind: str) -> None:
@@ -102,12 +104,12 @@ def add_events(session: Session, events: list[Any]) -> None:
         if "action" in event:
             action = event["action"]
             if action == "system":
-                session.messages.append(SessionMessage(role="system", content=str(args.get("content") or ""),
+                session.messages.append(Message(role="system", content=str(args.get("content") or ""),
                                                        timestamp=ts))
                 if isinstance(args.get("tools"), list):
                     session.tools = args["tools"]
             elif source == "user" and action == "message":
-                session.messages.append(SessionMessage(role="user", content=str(args.get("content") or
+                session.messages.append(Message(role="user", content=str(args.get("content") or
                                                                                 event.get("message") or ""),
                                                        timestamp=ts))
             elif source == "agent" and meta is not None:
@@ -117,7 +119,7 @@ def add_events(session: Session, events: list[Any]) -> None:
                     continue  # another action of a response already read
                 msg = _response_message(response, ts) if response else None
                 if msg is None:  # no response recorded: rebuild the call from the action itself
-                    msg = SessionMessage(role="assistant", content=str(args.get("thought") or ""), timestamp=ts,
+                    msg = Message(role="assistant", content=str(args.get("thought") or ""), timestamp=ts,
                                          tool_calls=[_fallback_call(event, meta)])
                 if rid:
                     by_response[rid] = msg
@@ -125,24 +127,24 @@ def add_events(session: Session, events: list[Any]) -> None:
             elif source == "agent" and action in _RUNNABLE:  # a text-era action: no recorded response
                 call = _fallback_call(event, {"tool_call_id": f"oh-{event.get('id')}"})
                 text_calls[event.get("id")] = call
-                session.messages.append(SessionMessage(role="assistant", content=str(args.get("thought") or ""),
+                session.messages.append(Message(role="assistant", content=str(args.get("thought") or ""),
                                                        timestamp=ts, tool_calls=[call],
                                                        meta={"action": action, "rebuilt": True}))
             elif source == "agent" and action in ("message", "finish"):
                 text = args.get("content") or args.get("final_thought") or args.get("thought") or event.get("message")
-                session.messages.append(SessionMessage(role="assistant", content=str(text or ""), timestamp=ts,
+                session.messages.append(Message(role="assistant", content=str(text or ""), timestamp=ts,
                                                        meta={"action": action}))
             else:
                 ignore(f"action:{action}")
         elif "observation" in event:
             if meta is not None:
-                session.messages.append(SessionMessage(role="tool", content=str(event.get("content") or ""),
+                session.messages.append(Message(role="tool", content=str(event.get("content") or ""),
                                                        tool_call_id=meta.get("tool_call_id") or "",
                                                        name=meta.get("function_name"), timestamp=ts,
                                                        meta={"observation": event["observation"]}))
             elif event.get("cause") is not None and event.get("cause") in text_calls:
                 call = text_calls.pop(event["cause"])
-                session.messages.append(SessionMessage(role="tool", content=str(event.get("content") or ""),
+                session.messages.append(Message(role="tool", content=str(event.get("content") or ""),
                                                        tool_call_id=call.id, name=call.name, timestamp=ts,
                                                        meta={"observation": event["observation"]}))
             else:

@@ -17,8 +17,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from jumpahead.core.turn import Message
+
 from ..formats import Format, register
-from ..session import Session, SessionMessage
+from ..session import Session
 from ._common import first_dicts, json_document, looks_like_document, read_jsonl
 
 NAME = "openhands-eval"
@@ -73,7 +75,7 @@ def _session(row: dict[str, Any], sid: str, path: Path) -> Session:
     session = Session(id=sid, format=NAME, source=str(path))
     add_events(session, _events(row.get("history")))
     if not any(m.role == "user" for m in session.messages) and isinstance(row.get("instruction"), str):
-        session.messages.insert(0, SessionMessage(role="user", content=row["instruction"],
+        session.messages.insert(0, Message(role="user", content=row["instruction"],
                                                   meta={"from_instruction": True}))
     for m in session.messages:  # text-era actions name no model: the run's configured one wrote them
         if m.role == "assistant" and m.model is None:

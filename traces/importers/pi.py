@@ -20,8 +20,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from jumpahead.core.turn import Message, ToolCall
+
 from ..formats import Format, register
-from ..session import Session, SessionMessage, SessionToolCall
+from ..session import Session
 from ._common import compaction_message, content_text, count_images, first_dicts, join_texts, read_jsonl
 
 NAME = "pi"
@@ -60,7 +62,7 @@ def _bash_text(msg: dict[str, Any]) -> str:
     return text
 
 
-def _assistant(msg: dict[str, Any], timestamp: str | None) -> SessionMessage:
+def _assistant(msg: dict[str, Any], timestamp: str | None) -> Message:
     texts, thinking, calls = [], [], []
     redacted = 0
     for block in msg.get("content") or []:
@@ -74,36 +76,36 @@ def _assistant(msg: dict[str, Any], timestamp: str | None) -> SessionMessage:
                 redacted += 1
             thinking.append(block.get("thinking") or "")
         elif kind == "toolCall":
-            calls.append(SessionToolCall(name=block.get("name") or "", arguments=block.get("arguments") or {},
+            calls.append(ToolCall(name=block.get("name") or "", arguments=block.get("arguments") or {},
                                          id=block.get("id") or ""))
     meta: dict[str, Any] = {k: msg[k] for k in ("provider", "api", "stopReason", "errorMessage", "usage") if k in msg}
     if redacted:
         meta["redacted_thinking"] = redacted
-    return SessionMessage(role="assistant", content=join_texts(texts), reasoning=join_texts(thinking),
+    return Message(role="assistant", content=join_texts(texts), reasoning=join_texts(thinking),
                           tool_calls=calls, model=msg.get("model"), timestamp=timestamp, meta=meta)
 
 
-def _message(msg: dict[str, Any], timestamp: str | None, warnings: list[str]) -> SessionMessage | None:
+def _message(msg: dict[str, Any], timestamp: str | None, warnings: list[str]) -> Message | None:
     role = msg.get("role")
     if role == "assistant":
         return _assistant(msg, timestamp)
     if role == "user":
         images = count_images(msg.get("content"))
         meta = {"images": images} if images else {}
-        return SessionMessage(role="user", content=content_text(msg.get("content")), timestamp=timestamp, meta=meta)
+        return Message(role="user", content=content_text(msg.get("content")), timestamp=timestamp, meta=meta)
     if role == "toolResult":
-        return SessionMessage(role="tool", content=content_text(msg.get("content"), "\n"),
+        return Message(role="tool", content=content_text(msg.get("content"), "\n"),
                               tool_call_id=msg.get("toolCallId"), name=msg.get("toolName"), timestamp=timestamp,
                               meta={"is_error": True} if msg.get("isError") else {})
     if role == "bashExecution":
         if msg.get("excludeFromContext"):
             return None  # `!!command`: shown to the user, never sent to the model
-        return SessionMessage(role="user", content=_bash_text(msg), timestamp=timestamp, meta={"kind": "bashExecution"})
+        return Message(role="user", content=_bash_text(msg), timestamp=timestamp, meta={"kind": "bashExecution"})
     if role in ("custom", "hookMessage"):
-        return SessionMessage(role="user", content=content_text(msg.get("content")), timestamp=timestamp,
+        return Message(role="user", content=content_text(msg.get("content")), timestamp=timestamp,
                               meta={"kind": "custom", "custom_type": msg.get("customType")})
     if role == "branchSummary":
-        return SessionMessage(role="user", content=BRANCH_PREFIX + (msg.get("summary") or "") + BRANCH_SUFFIX,
+        return Message(role="user", content=BRANCH_PREFIX + (msg.get("summary") or "") + BRANCH_SUFFIX,
                               timestamp=timestamp, meta={"kind": "branch_summary"})
     warnings.append(f"skipped a message with unknown role {role!r}")
     return None
@@ -152,14 +154,14 @@ def load(path: Path) -> list[Session]:
         pending.append(id(entry))
         kind = entry.get("type")
         ts = entry.get("timestamp")
-        msg: SessionMessage | None = None
+        msg: Message | None = None
         if kind == "message" and isinstance(entry.get("message"), dict):
             msg = _message(entry["message"], ts, warnings)
         elif kind == "custom_message":
-            msg = SessionMessage(role="user", content=content_text(entry.get("content")), timestamp=ts,
+            msg = Message(role="user", content=content_text(entry.get("content")), timestamp=ts,
                                  meta={"kind": "custom", "custom_type": entry.get("customType")})
         elif kind == "branch_summary" and entry.get("summary"):
-            msg = SessionMessage(role="user", content=BRANCH_PREFIX + entry["summary"] + BRANCH_SUFFIX, timestamp=ts,
+            msg = Message(role="user", content=BRANCH_PREFIX + entry["summary"] + BRANCH_SUFFIX, timestamp=ts,
                                  meta={"kind": "branch_summary"})
         elif kind == "compaction":
             msg = compaction_message(COMPACTION_PREFIX + (entry.get("summary") or "") + COMPACTION_SUFFIX, None,

@@ -21,8 +21,10 @@ from typing import Any
 
 import orjson
 
+from jumpahead.core.turn import Message, ToolCall
+
 from ..formats import Format, register
-from ..session import Session, SessionMessage, SessionToolCall
+from ..session import Session
 from . import _openai
 from ._common import content_text, json_document, load_document, looks_like_document
 
@@ -49,8 +51,8 @@ def _model_name(doc: dict[str, Any]) -> str | None:
     return model.get("name") if isinstance(model, dict) else None
 
 
-def _action_call(action: str, n: int) -> SessionToolCall:
-    return SessionToolCall(name="bash", arguments={"command": action.strip("\n")}, id=f"swe-{n}")
+def _action_call(action: str, n: int) -> ToolCall:
+    return ToolCall(name="bash", arguments={"command": action.strip("\n")}, id=f"swe-{n}")
 
 
 def _from_history(history: list[Any], model: str | None, session: Session) -> None:
@@ -66,7 +68,7 @@ def _from_history(history: list[Any], model: str | None, session: Session) -> No
                 and item["action"].strip():
             call = _action_call(item["action"], len(session.messages))
             thought = item.get("thought") if isinstance(item.get("thought"), str) else content_text(item.get("content"))
-            session.messages.append(SessionMessage(
+            session.messages.append(Message(
                 role="assistant", content=thought, tool_calls=[call], model=model,
                 meta={**meta, "synthetic_tool_call": True, "raw_output": content_text(item.get("content"))}))
             pending = call.id
@@ -89,11 +91,11 @@ def _from_trajectory(steps: list[Any], model: str | None, session: Session) -> N
             continue
         action = step.get("action") if isinstance(step.get("action"), str) else ""
         calls = [_action_call(action, len(session.messages))] if action.strip() else []
-        session.messages.append(SessionMessage(role="assistant", content=str(step.get("thought") or ""),
+        session.messages.append(Message(role="assistant", content=str(step.get("thought") or ""),
                                                tool_calls=calls, model=model,
                                                meta={"synthetic_tool_call": True} if calls else {}))
         if calls and step.get("observation") is not None:
-            session.messages.append(SessionMessage(role="tool", content=str(step["observation"]),
+            session.messages.append(Message(role="tool", content=str(step["observation"]),
                                                    tool_call_id=calls[0].id, name="bash"))
 
 
