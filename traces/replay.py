@@ -9,8 +9,9 @@ assistant message (reasoning, text, tool calls) rendered in the model's own form
 arm spends one decode round per token as the model would, and verified proposals are
 accepted exactly where they match the record. Every arm runs the same turns on its
 own Engine over the same loaded weights (its own RAM prefix cache, so arms never warm
-each other's), interleaved per turn (turn i: arm A, arm B, ...; then turn i+1) so
-machine noise hits them alike.
+each other's), interleaved per turn (every arm on turn i, then turn i+1) so machine
+noise hits them alike; the order of the arms rotates by one each turn, so no arm is
+always first (after the previous turn's arm) or last.
 
 Measured per arm per turn: the engine's prefill and decode time, cached prompt
 tokens, tokens by provenance, rounds, verified proposed / accepted, proposer time, and
@@ -18,8 +19,12 @@ whether the emitted tokens equal the record (from the token lists, every turn). 
 run of supplied tokens is an intervention with D (decode avoided: its tokens x the
 ordinary arm's decode time per token on the same turn), P (what the rounds that
 carried it took beyond a plain round and their proposer time) and H (proposer time in
-those rounds). A wrong asserted intervention diverges the turn: the rest of the
-record is charged as R at the ordinary arm's decode time per token.
+those rounds). A wrong asserted intervention diverges the turn: the row ends there,
+and the rest of the record is charged at the ordinary arm's decode time per token
+(`rest_s`, in model_s), so the arm's time covers the whole turn as the ordinary arm's
+does. That is not a recovery cost: forced replay cannot observe recovery (R) at all,
+because rolling a row back is a pointer move and the record, not the model, decides
+what comes next. Live runs (live/) measure R.
 """
 
 from __future__ import annotations
@@ -267,6 +272,13 @@ async def run_arm_turn(engine: Engine, arm: Arm, hooks: list[Any], plan: Planned
     )
 
 
+def arm_order(arms: list[Arm], turn: int) -> list[Arm]:
+    """The arms in the order they run on the `turn`-th replayed turn: rotated by one
+    per turn, so each arm runs first (and last) equally often over len(arms) turns."""
+    k = turn % len(arms) if arms else 0
+    return [*arms[k:], *arms[:k]]
+
+
 def interventions(arm: ArmTurn, plain_s: float) -> list[dict[str, Any]]:
     """Each run of supplied tokens with its D, P and H (see the module doc)."""
     out: list[dict[str, Any]] = []
@@ -297,11 +309,12 @@ def interventions(arm: ArmTurn, plain_s: float) -> list[dict[str, Any]]:
 
 
 def arm_json(arm: ArmTurn, plain_s: float, record_len: int) -> dict[str, Any]:
-    r_s = 0.0
+    rest_s = 0.0
     if arm.diverged:
-        # Recovery estimate: the record after the point of divergence, decoded ordinarily.
-        r_s = (record_len - (arm.diverged_at or 0)) * plain_s
-    model_s = arm.measured_s + r_s
+        # The record after the point of divergence, at the ordinary decode rate: the
+        # ordinary arm decodes it too (the module doc: this is not R).
+        rest_s = (record_len - (arm.diverged_at or 0)) * plain_s
+    model_s = arm.measured_s + rest_s
     out: dict[str, Any] = {
         "prefill_s": round(arm.prefill_s, 6), "decode_s": round(arm.decode_s, 6), "model_s": round(model_s, 6),
         "cached_tokens": arm.cached_tokens, "prompt_tokens": arm.prompt_tokens,
@@ -315,7 +328,7 @@ def arm_json(arm: ArmTurn, plain_s: float, record_len: int) -> dict[str, Any]:
     if arm.policy_notes:
         out["policy_interventions"] = arm.policy_notes
     if arm.diverged:
-        out.update(diverged_at=arm.diverged_at, wrong_tokens=arm.wrong_tokens, R_s=round(r_s, 6),
+        out.update(diverged_at=arm.diverged_at, wrong_tokens=arm.wrong_tokens, rest_s=round(rest_s, 6),
                    measured_model_s=round(arm.measured_s, 6))
     return out
 
@@ -332,8 +345,8 @@ def _add_totals(totals: dict[str, Any], entry: dict[str, Any]) -> None:
     for item in entry.get("interventions", []):
         for key in ("D_s", "P_s", "H_s"):
             totals[key] = round(totals.get(key, 0.0) + item[key], 6)
-    if "R_s" in entry:
-        totals["R_s"] = round(totals.get("R_s", 0.0) + entry["R_s"], 6)
+    if "rest_s" in entry:
+        totals["rest_s"] = round(totals.get("rest_s", 0.0) + entry["rest_s"], 6)
     # Prompt tokens after policies and the cache: a context rewrite (compaction,
     # masking) trades fewer prompt tokens for cache misses after its edit point.
     for key in ("prompt_tokens", "cached_tokens"):
@@ -414,9 +427,10 @@ class Replayer:
         session, tools_inferred = with_tools(session)
         turns_out = []
         totals: dict[str, dict[str, Any]] = {a.name: {} for a in arms}
-        for plan in planned:
+        for t, plan in enumerate(planned):
             measured: dict[str, ArmTurn] = {}
-            for k, arm in enumerate(arms):  # interleaved: every arm on this turn before the next turn
+            order = arm_order(arms, t)
+            for k, arm in enumerate(order):  # interleaved: every arm on this turn before the next turn
                 if self.progress:
                     self.progress.begin(f"{session.id[:24]} turn {plan.index} arm {arm.name}")
                 measured[arm.name] = await run_arm_turn(self.engines[arm.name], arm, self.hooks[arm.name], plan,
@@ -425,7 +439,7 @@ class Replayer:
                     self.progress.advance(work(plan), step_done=k == len(arms) - 1)
             plain_s = self._plain_s(measured[BASELINE])
             entry: dict[str, Any] = {"index": plan.index, "prompt_tokens": len(plan.prompt),
-                                     "output_tokens": len(plan.tokens), "arms": {}}
+                                     "output_tokens": len(plan.tokens), "order": [a.name for a in order], "arms": {}}
             if plan.window is not None:
                 entry["window"] = plan.window
             for arm in arms:
@@ -474,7 +488,11 @@ NOTES = [
     "D = supplied tokens x the ordinary arm's decode s/token on the same turn; P = the rounds that carried "
     "them beyond a plain round, less their proposer time; H = proposer time in those rounds",
     "a diverged turn (a wrong asserted intervention) is ended there; the rest of the record is charged as "
-    "R = its tokens x the ordinary arm's decode s/token (an estimate), included in model_s",
+    "rest_s = its tokens x the ordinary arm's decode s/token, included in model_s (the ordinary arm decodes "
+    "it too: this is not a recovery cost)",
+    "R (recovery) is not observable in forced replay: a rollback is a pointer move and the record, not the "
+    "model, decides what follows a wrong intervention; live runs (jumpahead live) measure it",
+    "the arms' order rotates by one each turn (turns[].order)",
     "prompt_tokens are counted after the arm's policies (context rewrites); totals' cache_hit_rate = "
     "cached_tokens / prompt_tokens, prefilled_tokens = prompt_tokens - cached_tokens",
 ]
