@@ -26,7 +26,7 @@ def _ci(d: dict[str, Any]) -> str:
 def table(summary: dict[str, Any]) -> str:
     head = ("<tr><th>arm</th><th>tasks</th><th>success</th><th>95% CI</th><th>wall s median (all)</th>"
             "<th>wall s median (successes)</th><th>D s</th><th>P s</th><th>H s</th><th>R s</th><th>net s</th>"
-            "<th>net s / task [95% CI]</th><th>model s saved / task [CI]</th><th>wall s saved / task [CI]</th>"
+            "<th>net s / task [95% CI]</th><th>time to success saved / task [CI]</th><th>wall s saved / task [CI]</th>"
             "<th>jumps</th><th>wrong</th><th>recovered / unrecovered tasks</th><th>recovery freq.</th><th>cost / recovery s</th><th>break-even freq.</th></tr>")
     rows = []
     for arm, s in summary.get("per_arm", {}).items():
@@ -36,7 +36,7 @@ def table(summary: dict[str, Any]) -> str:
             f"[{s['success_ci95'][0]:.3f}, {s['success_ci95'][1]:.3f}]",
             _fmt(s.get("wall_s_all", {}).get("median"), 2), _fmt(s.get("wall_s_success", {}).get("median"), 2),
             _fmt(t.get("D_s")), _fmt(t.get("P_s")), _fmt(t.get("H_s")), _fmt(t.get("R_s")), _fmt(t.get("net_s")),
-            _ci(s.get("net_s_per_task", {})), _ci(s.get("model_s_saved_per_task", {})),
+            _ci(s.get("net_s_per_task", {})), _ci(s.get("tts_s_saved_per_task", {})),
             _ci(s.get("wall_s_saved_per_task", {})), rec.get("jump_interventions"), rec.get("wrong"),
             f"{rec.get('recovered_tasks', 0)} / {rec.get('unrecovered_tasks', 0)}", _fmt(rec.get("frequency")), _fmt(rec.get("cost_per_recovery_s")),
             _fmt(rec.get("breakeven_frequency")))) + "</tr>")
@@ -49,8 +49,8 @@ def markdown_table(summary: dict[str, Any]) -> str:
     def ci(d: dict[str, Any]) -> str:
         return "" if not d or d.get("mean") is None else f"{d['mean']:.2f} ({d['lo']:.2f} to {d['hi']:.2f})"
 
-    lines = ["| arm | solved (95% CI) | wall s median, all / solved | model s saved per task (CI) | D s | P s | H s "
-             "| R s | net D-P-H-R per task (CI) | jumps (wrong) | recovered / unrecovered | cost per recovery s "
+    lines = ["| arm | solved (95% CI) | wall s median, all / solved | time to success saved per task (CI) | D s | P s | H s "
+             "| R s (per task, CI) | net D-P-H-R per task (CI) | jumps (wrong) | recovered / unrecovered | cost per recovery s "
              "| break-even frequency |", "|" + "---|" * 13]
     for arm, a in summary.get("per_arm", {}).items():
         t, rec = a.get("totals", {}), a.get("recovery", {})
@@ -58,8 +58,9 @@ def markdown_table(summary: dict[str, Any]) -> str:
         lines.append("| " + " | ".join([
             arm, f"{a['successes']}/{a['tasks']} ({a['success_ci95'][0]:.2f} to {a['success_ci95'][1]:.2f})",
             f"{_fmt(a['wall_s_all'].get('median'), 2)} / {_fmt(a['wall_s_success'].get('median'), 2)}",
-            ci(a.get("model_s_saved_per_task", {})),
-            *(_fmt(t.get(k), 1) for k in ("D_s", "P_s", "H_s", "R_s")), ci(a.get("net_s_per_task", {})),
+            ci(a.get("tts_s_saved_per_task", {})),
+            *(_fmt(t.get(k), 1) for k in ("D_s", "P_s", "H_s")),
+            f"{_fmt(t.get('R_s'), 1)} ({ci(a.get('R_s_per_task', {}))})", ci(a.get("net_s_per_task", {})),
             f"{jumps} ({rec.get('wrong', 0)})" if jumps else "",
             f"{rec.get('recovered_tasks', 0)} / {rec.get('unrecovered_tasks', 0)}" if rec.get("wrong") else "",
             _fmt(rec.get("cost_per_recovery_s"), 2) if rec.get("wrong") else "",
@@ -94,7 +95,7 @@ def figures(summary: dict[str, Any], records: list[dict[str, Any]]) -> list[Any]
                              marker={"size": 12, "color": "black"}, name="net D - P - H - R"))
     figs.append(fig.update_layout(barmode="relative", title="D / P / H / R totals per arm (seconds)"))
     fig = go.Figure()
-    for label, key in (("net D-P-H-R", "net_s_per_task"), ("model time saved (measured)", "model_s_saved_per_task"),
+    for label, key in (("net D-P-H-R", "net_s_per_task"), ("time to success saved (measured)", "tts_s_saved_per_task"),
                        ("wall time saved (measured)", "wall_s_saved_per_task")):
         ds = [per[a].get(key, {}) for a in arms]
         ys = [d.get("mean") or 0.0 for d in ds]

@@ -1,8 +1,9 @@
-"""The summary of a live run: success, time, and D/P/H/R per arm, paired by seed.
+"""The summary of a live run: success, time to success, and D/P/H/R per arm, paired by seed.
 
 Inputs are the per-task records (live/agent.py TaskRecord.to_json, each turn with the
-server's `timings` joined from its trace file by live/runner.py). The definitions are
-replay's (traces/replay.py), read off what a live turn's telemetry holds:
+server's `timings` joined from its trace file by live/runner.py). D, P, H, the time to
+success and R have one definition, traces/accounting.py (forced replay prices its
+interventions with the same code); here they are read off a live turn's telemetry:
 
 - plain_s: the ordinary arm's seconds per decode round, the median over its one-token
   rounds (the trace's `round_ms`; its first chunk holds the prefill);
@@ -11,21 +12,23 @@ replay's (traces/replay.py), read off what a live turn's telemetry holds:
   their share of the turn's proposer time (the trace has per-round times, not per-round
   proposer time);
 - H = proposer time (`usage.fill.propose_ms`: strict, echo and the policies' boundary
-  hooks run inside it) plus the arm's policies' on_request / on_result hooks (the
-  `fit` policy, which every arm of the default model runs, is left out);
-- R = recovery: a jump intervention is wrong when its label says it was perturbed
-  (`mistaken ...`) or the call it went into returned an error; from the first turn with
-  a wrong one, the model time (prefill + decode) of the arm's later turns less the
-  ordinary arm's later turns on the same seed (replay charges what is decoded after a
-  divergence; live, the model itself decodes it). Where the wrong jump ends in a failed
-  task that the ordinary arm solved (unrecovered), R also carries the ordinary arm's
-  model time on that seed: the redo a user needs, so failing fast never saves time.
+  hooks run inside it, rejected proposals included) plus the arm's policies' on_request
+  / on_result hooks (the `fit` policy, which every arm of the default model runs, is
+  left out);
+- time to success: the task's model time where it succeeded; a failed attempt adds
+  one ordinary redo (the ordinary arm's model time on the seed) where the ordinary arm
+  solved it; otherwise the task has none and is reported failed, outside the paired
+  time figures (`unsolved_pairs`);
+- R = recovery, measured: D - P - H less the paired saving in time to success
+  (ordinary - arm) on the same seed, for every task of every arm; so net = D - P - H -
+  R is the measured saving, and R carries what the interventions cost that D, P, H do
+  not see (wrong jumps, detected or not, and noise; its bootstrap CI says how much).
 
-Net saving per seed = D - P - H - R, with a paired bootstrap CI over seeds; measured
-paired differences of model time and wall time (ordinary - arm) beside it. Recovery
-frequency = wrong / jump interventions; cost per recovery = R / wrong; the break-even
-recovery frequency is the wrong share at which R would cancel D - P - H:
-(D - P - H) / (jump interventions x cost per recovery).
+Wrong jumps are still counted by a heuristic (a `mistaken ...` label, or an error in
+the call the jump went into); they no longer decide who pays R. Recovery frequency =
+wrong / jump interventions; cost per recovery = R of the tasks with a wrong jump /
+wrong; the break-even recovery frequency is the wrong share at which that cost would
+cancel D - P - H: (D - P - H) / (jump interventions x cost per recovery).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from collections import defaultdict
 from typing import Any
 
 import numpy as np
+
+from jumpahead.traces.accounting import RETRIES, price, recovery_s, time_to_success
 
 BASELINE = "ordinary"
 NOT_ARM_POLICIES = ("fit",)  # run by every arm of the default model
@@ -101,11 +106,16 @@ def _decode_rounds(turn: dict[str, Any]) -> list[tuple[float, int]]:
     return out
 
 
+def plain_rounds(records: list[dict[str, Any]]) -> list[float]:
+    """Seconds of each one-token decode round in `records`."""
+    return [s for rec in records for turn in rec.get("turns", []) for s, n in _decode_rounds(turn) if n == 1]
+
+
 def plain_round_s(records: list[dict[str, Any]]) -> float | None:
     """The ordinary arm's seconds per decode round: the median over its one-token rounds
     (a median: a loaded machine's stalls would drag a mean); where the trace has no
     per-round times, pooled decode_s / (rounds - 1)."""
-    rounds = [s for rec in records for turn in rec.get("turns", []) for s, n in _decode_rounds(turn) if n == 1]
+    rounds = plain_rounds(records)
     if rounds:
         return statistics.median(rounds)
     decode = count = 0.0
@@ -142,27 +152,30 @@ def turn_account(turn: dict[str, Any], plain_s: float | None) -> dict[str, float
     for name, rep in ((fill.get("policies") or {}).get("by_policy") or {}).items():
         if name not in NOT_ARM_POLICIES and isinstance(rep, dict):
             hooks += float(rep.get("on_request_ms") or 0.0) + float(rep.get("on_result_ms") or 0.0)
-    d = supplied * plain_s if plain_s else 0.0
-    p = 0.0
     rounds = _decode_rounds(turn)
     carried = [s for s, n in rounds if n > 1]
-    if carried and plain_s:
-        # replay's P: the rounds that carried supplied tokens beyond a plain round, less
-        # their share of the proposer time (the trace has no per-round proposer time)
-        p = sum(s - plain_s for s in carried) - propose_s * len(carried) / len(rounds)
-    return {"supplied": supplied, "D_s": d, "P_s": p, "H_s": propose_s + hooks / 1000,
-            "model_s": turn_model_s(turn)}
+    # the trace has no per-round proposer time: each round gets an equal share, and the
+    # rest of the proposer time (rounds that carried nothing) counts in H
+    share = propose_s / len(rounds) if rounds else 0.0
+    cost = price(supplied, carried, [share] * len(carried), plain_s,
+                 other_s=propose_s - share * len(carried) + hooks / 1000)
+    return {"supplied": supplied, "D_s": cost.D_s, "P_s": cost.P_s if carried else 0.0, "H_s": cost.H_s,
+            "model_s": turn_model_s(turn), "plain_units": supplied + len(carried) if plain_s else 0}
+
+
+def records_model_s(rec: dict[str, Any] | None) -> float | None:
+    return None if rec is None else sum(turn_model_s(t) for t in rec.get("turns", []))
 
 
 def task_account(rec: dict[str, Any], base: dict[str, Any] | None, plain_s: float | None) -> dict[str, Any]:
-    """D, P, H, R and the interventions of one task; `base`: the ordinary arm's record
-    on the same seed (R is measured against it)."""
-    out = {"seed": rec["seed"], "supplied": 0, "D_s": 0.0, "P_s": 0.0, "H_s": 0.0, "R_s": 0.0, "model_s": 0.0,
-           "jumps": 0, "wrong": 0, "first_wrong_turn": None}
+    """D, P, H, time to success, R and the interventions of one task; `base`: the
+    ordinary arm's record on the same seed (the pair R is measured against)."""
+    out: dict[str, Any] = {"seed": rec["seed"], "supplied": 0, "D_s": 0.0, "P_s": 0.0, "H_s": 0.0, "model_s": 0.0,
+                           "plain_units": 0, "jumps": 0, "wrong": 0, "first_wrong_turn": None}
     turns = rec.get("turns", [])
     for i, turn in enumerate(turns):
         acc = turn_account(turn, plain_s)
-        for k in ("supplied", "D_s", "P_s", "H_s", "model_s"):
+        for k in ("supplied", "D_s", "P_s", "H_s", "model_s", "plain_units"):
             out[k] += acc[k]
         for item in interventions(turn):
             out["jumps"] += 1
@@ -170,19 +183,39 @@ def task_account(rec: dict[str, Any], base: dict[str, Any] | None, plain_s: floa
                 out["wrong"] += 1
                 if out["first_wrong_turn"] is None:
                     out["first_wrong_turn"] = i
-    k = out["first_wrong_turn"]
-    out["unrecovered"] = False
-    if k is not None:
-        tail = sum(turn_model_s(t) for t in turns[k + 1:])
-        base_tail = sum(turn_model_s(t) for t in (base or {}).get("turns", [])[k + 1:])
-        out["R_s"] = tail - base_tail
-        if base is not None and base.get("success") and not rec.get("success"):
-            # a failure is not a saving: the task must be done again, charged at the
-            # ordinary arm's model time on this seed (the redo that reaches success)
-            out["unrecovered"] = True
-            out["R_s"] += sum(turn_model_s(t) for t in base.get("turns", []))
-    out["net_s"] = out["D_s"] - out["P_s"] - out["H_s"] - out["R_s"]
+    base_s, base_ok = records_model_s(base), bool(base and base.get("success"))
+    tts = time_to_success(out["model_s"], bool(rec.get("success")), base_s, base_ok)
+    base_tts = base_s if base_ok else None
+    out["tts_s"] = tts
+    out["unrecovered"] = out["wrong"] > 0 and not rec.get("success") and base_ok
+    if tts is not None and base_tts is not None:
+        out["saved_s"] = base_tts - tts
+        out["R_s"] = recovery_s(out["D_s"] - out["P_s"] - out["H_s"], base_tts, tts)
+        out["net_s"] = out["D_s"] - out["P_s"] - out["H_s"] - out["R_s"]
+    else:  # no time to success on one side: failed within the budget, outside the paired figures
+        out["saved_s"] = out["R_s"] = out["net_s"] = None
     return {key: (round(v, 6) if isinstance(v, float) else v) for key, v in out.items()}
+
+
+def bootstrap_r(accounts: list[dict[str, Any]], plain_rounds: list[float], plain_s: float | None, seed: int = 0,
+                n: int = BOOTSTRAP) -> dict[str, Any]:
+    """Mean R per task with a 95% CI that resamples both estimated quantities: the
+    tasks (seeds), and plain_s (the median of a resample of the ordinary arm's one-token
+    rounds; R moves with it by plain_units x the change: D and P are linear in it)."""
+    rows = [(float(a["R_s"]), float(a["plain_units"])) for a in accounts if a.get("R_s") is not None]
+    if not rows:
+        return {"mean": None, "lo": None, "hi": None, "n": 0}
+    arr = np.asarray(rows)
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(0, len(arr), size=(n, len(arr)))
+    shift = np.zeros(n)
+    if plain_rounds and plain_s:
+        rounds = np.asarray(plain_rounds)
+        shift = np.array([np.median(rng.choice(rounds, size=len(rounds))) for _ in range(n)]) - plain_s
+    means = (arr[pick, 0] + arr[pick, 1] * shift[:, None]).mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return {"mean": round(float(arr[:, 0].mean()), 6), "lo": round(float(lo), 6), "hi": round(float(hi), 6),
+            "n": len(rows)}
 
 
 # --- per arm ---------------------------------------------------------------------------
@@ -197,15 +230,16 @@ def summarize(records: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
     plain_s = plain_round_s(list(base.values()))
     accounts = {arm: {seed: task_account(rec, base.get(seed), plain_s) for seed, rec in by_arm[arm].items()}
                 for arm in arms}
-    pooled_wrong = sum(a["wrong"] for acc in accounts.values() for a in acc.values())
-    pooled_r = sum(a["R_s"] for acc in accounts.values() for a in acc.values() if a["wrong"])
+    pooled_wrong = sum(a["wrong"] for acc in accounts.values() for a in acc.values() if a["R_s"] is not None)
+    pooled_r = sum(a["R_s"] for acc in accounts.values() for a in acc.values() if a["wrong"] and a["R_s"] is not None)
     pooled_cost = pooled_r / pooled_wrong if pooled_wrong else None
     out_arms = {}
     for arm in arms:
         recs = by_arm.get(arm, {})
-        out_arms[arm] = _arm_summary(arm, recs, base, accounts[arm], accounts.get(BASELINE, {}), pooled_cost)
+        out_arms[arm] = _arm_summary(arm, recs, base, accounts[arm], pooled_cost, plain_rounds(list(base.values())),
+                                     plain_s)
     seeds = sorted({int(r["seed"]) for r in records})
-    return {"kind": "jumpahead.live.summary", "version": 1, "arms": arms, "seeds": seeds,
+    return {"kind": "jumpahead.live.summary", "version": 2, "arms": arms, "seeds": seeds, "retries": RETRIES,
             "plain_round_s": round(plain_s, 6) if plain_s else None,
             "pooled_cost_per_recovery_s": round(pooled_cost, 6) if pooled_cost is not None else None,
             "per_arm": out_arms, "accounts": {a: list(accounts[a].values()) for a in arms},
@@ -213,8 +247,8 @@ def summarize(records: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
 
 
 def _arm_summary(arm: str, recs: dict[int, dict[str, Any]], base: dict[int, dict[str, Any]],
-                 acc: dict[int, dict[str, Any]], base_acc: dict[int, dict[str, Any]],
-                 pooled_cost: float | None) -> dict[str, Any]:
+                 acc: dict[int, dict[str, Any]], pooled_cost: float | None, base_rounds: list[float],
+                 plain_s: float | None) -> dict[str, Any]:
     n = len(recs)
     wins = sum(1 for r in recs.values() if r["success"])
     lo, hi = wilson(wins, n)
@@ -222,14 +256,19 @@ def _arm_summary(arm: str, recs: dict[int, dict[str, Any]], base: dict[int, dict
     for r in recs.values():
         statuses[r["status"]] += 1
     walls = [float(r["wall_s"]) for r in recs.values()]
-    totals = {k: round(sum(a[k] for a in acc.values()), 6) for k in ("D_s", "P_s", "H_s", "R_s", "model_s")}
-    totals["supplied_tokens"] = sum(a["supplied"] for a in acc.values())
+    # the paired figures: seeds where both the arm and the ordinary arm reach a success
+    # within the retry budget (net = D - P - H - R = the measured saving there)
+    counted = [s for s in sorted(acc) if acc[s]["R_s"] is not None]
+    totals = {k: round(sum(acc[s][k] for s in counted), 6) for k in ("D_s", "P_s", "H_s", "R_s", "model_s")}
+    totals["supplied_tokens"] = sum(acc[s]["supplied"] for s in counted)
     totals["net_s"] = round(totals["D_s"] - totals["P_s"] - totals["H_s"] - totals["R_s"], 6)
+    totals["tasks"] = len(counted)
     paired = sorted(set(recs) & set(base))
-    jumps = sum(a["jumps"] for a in acc.values())
+    jumps = sum(a["jumps"] for a in acc.values())  # frequency: every task's jumps
     n_wrong = sum(a["wrong"] for a in acc.values())
-    r_wrong = sum(a["R_s"] for a in acc.values() if a["wrong"])
-    cost = r_wrong / n_wrong if n_wrong else pooled_cost
+    wrong_counted = sum(acc[s]["wrong"] for s in counted)  # cost: where R is measured
+    r_wrong = sum(acc[s]["R_s"] for s in counted if acc[s]["wrong"])
+    cost = r_wrong / wrong_counted if wrong_counted else pooled_cost
     gain = totals["D_s"] - totals["P_s"] - totals["H_s"]
     breakeven = gain / (jumps * cost) if jumps and cost and cost > 0 else None
     out = {
@@ -238,14 +277,16 @@ def _arm_summary(arm: str, recs: dict[int, dict[str, Any]], base: dict[int, dict
         "wall_s_all": distribution(walls),
         "wall_s_success": distribution([float(r["wall_s"]) for r in recs.values() if r["success"]]),
         "model_s_all": distribution([a["model_s"] for a in acc.values()]),
+        "tts_s": distribution([float(a["tts_s"]) for a in acc.values() if a["tts_s"] is not None]),
+        "unsolved_pairs": sum(1 for s in paired if acc[s]["R_s"] is None),
         "turns": distribution([float(len(r["turns"])) for r in recs.values()]),
         "tokens": {k: sum(int(r.get(k, 0)) for r in recs.values())
                    for k in ("prompt_tokens", "completion_tokens", "cached_tokens")},
         "totals": totals,
-        "net_s_per_task": bootstrap_mean([acc[s]["net_s"] for s in sorted(acc)]),
+        "net_s_per_task": bootstrap_mean([acc[s]["net_s"] for s in counted]),
+        "R_s_per_task": bootstrap_r([acc[s] for s in counted], base_rounds, plain_s),
         "paired_seeds": len(paired),
-        "model_s_saved_per_task": bootstrap_mean([base_acc[s]["model_s"] - acc[s]["model_s"] for s in paired
-                                                  if s in base_acc]),
+        "tts_s_saved_per_task": bootstrap_mean([acc[s]["saved_s"] for s in counted]),
         "wall_s_saved_per_task": bootstrap_mean([float(base[s]["wall_s"]) - float(recs[s]["wall_s"])
                                                  for s in paired]),
         "success_vs_ordinary": {"arm_only": sum(1 for s in paired if recs[s]["success"] and not base[s]["success"]),
@@ -256,7 +297,7 @@ def _arm_summary(arm: str, recs: dict[int, dict[str, Any]], base: dict[int, dict
                      "recovered_tasks": sum(1 for s, a in acc.items() if a["wrong"] and recs[s]["success"]),
                      "unrecovered_tasks": sum(1 for a in acc.values() if a.get("unrecovered")),
                      "cost_per_recovery_s": round(cost, 6) if cost is not None else None,
-                     "cost_source": "this arm" if n_wrong else ("pooled over arms" if cost is not None else None),
+                     "cost_source": "this arm" if wrong_counted else ("pooled over arms" if cost is not None else None),
                      "breakeven_frequency": round(breakeven, 4) if breakeven is not None else None},
     }
     return out
@@ -268,10 +309,14 @@ NOTES = [
     "wall_s_all counts every task (failures and timeouts included); wall_s_success only successes",
     "plain_round_s: the ordinary arm's median s per one-token decode round; D = supplied tokens x plain_round_s",
     "P = rounds carrying supplied tokens beyond plain_round_s, less their share of proposer time; H = proposer "
-    "time + the arm's policies' on_request/on_result time (fit excluded)",
-    "R: from the first turn with a wrong jump (perturbed label or an error result), the arm's later turns' model "
-    "time less the ordinary arm's later turns on the same seed; a task the wrong jump made fail (the ordinary arm "
-    "solved it) is also charged the ordinary arm's model time on the seed (the redo)",
-    "net_s = D - P - H - R; CIs are 95%: Wilson for success, paired percentile bootstrap over seeds otherwise",
-    "breakeven_frequency = (D - P - H) / (jump interventions x cost per recovery)",
+    "time (rejected proposals included) + the arm's policies' on_request/on_result time (fit excluded)",
+    f"time to success (tts_s): the task's model time where it succeeded; a failed attempt adds {RETRIES} ordinary "
+    "redo (the ordinary arm's model time on the seed) where the ordinary arm solved it; otherwise no time to "
+    "success: failed within the budget, counted in unsolved_pairs and left out of the paired figures",
+    "R = (D - P - H) - (ordinary tts - arm tts) per seed, every arm, not clamped: what the measured saving leaves "
+    "unexplained; its CI resamples seeds and plain_round_s",
+    "totals, net_s_per_task and tts_s_saved_per_task are over the seeds where both arms have a time to success; "
+    "net_s = D - P - H - R equals the measured saving there",
+    "wrong jumps: a `mistaken` label or an error in the call the jump went into (a heuristic: silent wrong "
+    "content is not detected); breakeven_frequency = (D - P - H) / (jump interventions x cost per recovery)",
 ]

@@ -50,21 +50,25 @@ def test_summary_arithmetic_on_made_up_records() -> None:
     assert acc[1]["D_s"] == pytest.approx(0.9)  # 9 supplied x 0.1
     assert acc[1]["P_s"] == pytest.approx(0.15 - 0.1 - 0.005)  # the carrying round beyond plain, less proposing
     assert acc[1]["H_s"] == pytest.approx(0.005)
-    assert acc[1]["R_s"] == 0
-    # seed 2: a wrong jump at turn 0; arm's later turns 2 x 1.1 s, ordinary's later turns none
-    assert acc[2]["R_s"] == pytest.approx(2.2)
+    # seed 1: ordinary 1.2 + 1.1 s, the arm 0.35 + 1.1 s: the measured saving (0.85 s) is
+    # exactly D - P - H, so nothing is left for R
+    assert acc[1]["tts_s"] == pytest.approx(1.45) and acc[1]["saved_s"] == pytest.approx(0.85)
+    assert acc[1]["R_s"] == pytest.approx(0.0, abs=1e-6)
+    # seed 2: neither arm solves it within the budget: no time to success, no R, out of the pairs
+    assert acc[2]["tts_s"] is None and acc[2]["R_s"] is None and acc[2]["net_s"] is None
     j = s["per_arm"]["j"]
+    assert j["unsolved_pairs"] == 1 and j["totals"]["tasks"] == 1
     assert j["totals"]["net_s"] == pytest.approx(j["totals"]["D_s"] - j["totals"]["P_s"] - j["totals"]["H_s"]
                                                  - j["totals"]["R_s"], abs=1e-5)
+    assert j["totals"]["net_s"] == pytest.approx(j["tts_s_saved_per_task"]["mean"], abs=1e-5)  # net is the measured saving
     assert j["recovery"] == {**j["recovery"], "jump_interventions": 2, "wrong": 1, "frequency": 0.5,
                              "tasks_with_wrong": 1, "recovered_tasks": 0}
-    gain = j["totals"]["D_s"] - j["totals"]["P_s"] - j["totals"]["H_s"]
-    assert j["recovery"]["breakeven_frequency"] == pytest.approx(gain / (2 * 2.2), abs=1e-3)
     assert j["wall_s_all"]["total"] == pytest.approx(6.0) and j["wall_s_success"]["n"] == 1
     assert j["wall_s_saved_per_task"]["mean"] == pytest.approx(((3.0 - 2.0) + (2.0 - 4.0)) / 2)
-    ci = j["net_s_per_task"]
-    assert ci["lo"] <= ci["mean"] <= ci["hi"]
-    assert s["per_arm"]["ordinary"]["totals"]["D_s"] == 0
+    for key in ("net_s_per_task", "R_s_per_task"):
+        ci = j[key]
+        assert ci["lo"] <= ci["mean"] <= ci["hi"], key
+    assert s["per_arm"]["ordinary"]["totals"]["D_s"] == 0 and s["per_arm"]["ordinary"]["totals"]["R_s"] == 0
 
 
 def test_an_unrecovered_wrong_jump_is_charged_the_redo() -> None:
@@ -77,10 +81,58 @@ def test_an_unrecovered_wrong_jump_is_charged_the_redo() -> None:
     ]
     s = summarize(records, ["ordinary", "j"])
     acc = s["accounts"]["j"][0]
-    # later turns: the arm none, ordinary 1.1 s; the redo: ordinary's 1.2 + 1.1 s
-    assert acc["unrecovered"] and acc["R_s"] == pytest.approx(-1.1 + 2.3)
-    assert acc["net_s"] < 0
+    # time to success: the failed attempt (0.35 s) and the ordinary redo (2.3 s)
+    assert acc["unrecovered"] and acc["tts_s"] == pytest.approx(0.35 + 2.3)
+    assert acc["R_s"] == pytest.approx(0.85 + 0.35)  # D - P - H less the (negative) measured saving
+    assert acc["net_s"] == pytest.approx(-0.35) and acc["net_s"] < 0
     assert s["per_arm"]["j"]["recovery"]["unrecovered_tasks"] == 1
+
+
+@pytest.mark.parametrize("arm_s", [0.01, 0.35, 5.0])
+def test_a_fast_failure_never_lowers_time_to_success(arm_s: float) -> None:
+    """However fast an attempt fails, its time to success is above the ordinary arm's."""
+    fast = _turn(arm_s, arm_s / 2, arm_s / 2, [[arm_s * 500, 1]], 1, 1)
+    records = [_rec("ordinary", 1, True, 3.0, [_turn(1.5, 0.2, 1.0, PLAIN, 11, 11)]),
+               _rec("e", 1, False, arm_s, [fast])]  # an arm without any jump (echo, compaction, ...)
+    acc = summarize(records, ["ordinary", "e"])["accounts"]["e"][0]
+    assert acc["tts_s"] > 1.2 and acc["saved_s"] < 0
+    assert acc["R_s"] == pytest.approx(-acc["saved_s"] + acc["D_s"] - acc["P_s"] - acc["H_s"])
+    assert acc["R_s"] > 0  # a failure costs even where no jump was detected wrong
+
+
+def test_a_wrong_jump_whose_later_turns_are_fast_pays_its_true_cost() -> None:
+    """The wrong jump costs one extra plain turn (1.2 s); the arm's later turn is fast by
+    its own right jump. R must be that extra turn, not shrunk by the later jump's gain
+    (charging "later turns minus ordinary's later turns" would give 0.35 s)."""
+    wrong = [{"boundary": "tool_name", "tokens": 10, "label": "mistaken truncated content 20 -> 3 chars | x"}]
+    right = [{"boundary": "tool_name", "tokens": 10, "label": "oracle write_file: ..."}]
+    plain = [_turn(1.5, 0.2, 1.0, PLAIN, 11, 11), _turn(1.5, 0.2, 1.0, PLAIN, 11, 11)]
+    records = [_rec("ordinary", 1, True, 3.0, plain),
+               _rec("j", 1, True, 3.0, [_turn(1.0, 0.2, 0.15, JUMPED, 11, 2, 5.0, wrong),
+                                        _turn(1.5, 0.2, 1.0, PLAIN, 11, 11),  # the redo of the wrong write
+                                        _turn(1.0, 0.2, 0.15, JUMPED, 11, 2, 5.0, right)])]
+    acc = summarize(records, ["ordinary", "j"])["accounts"]["j"][0]
+    assert acc["wrong"] == 1 and acc["saved_s"] == pytest.approx(2.4 - 1.9)
+    assert acc["R_s"] == pytest.approx(1.2)
+    assert acc["net_s"] == pytest.approx(acc["saved_s"])
+
+
+def test_replay_and_live_price_interventions_with_the_same_code() -> None:
+    """One round carrying 10 tokens (9 supplied) of 0.15 s with 5 ms of proposing, plain
+    rounds of 0.1 s: replay's intervention and live's turn come out the same."""
+    from jumpahead.traces import accounting, replay
+    from jumpahead.live import summary
+
+    assert replay.price is accounting.price and summary.price is accounting.price
+    arm = replay.ArmTurn(prefill_s=0.2, decode_s=0.15, cached_tokens=0, prompt_tokens=10,
+                         tokens_by_kind={"sampled": 2, "jump": 9}, rounds=2, verified={}, propose_s=0.005,
+                         policy_s=0.0, identical=True, diverged=False, output=list(range(11)),
+                         kinds=["sampled"] + ["jump"] * 9 + ["sampled"], round_sizes=[1, 10],
+                         round_s=[0.0, 0.15], round_propose_s=[0.0, 0.005])
+    (item,) = replay.interventions(arm, 0.1)
+    live = summary.turn_account(_turn(1.0, 0.2, 0.15, JUMPED, 11, 2, 5.0), 0.1)
+    assert (item["D_s"], item["P_s"], item["H_s"]) == pytest.approx((live["D_s"], live["P_s"], live["H_s"]))
+    assert (item["D_s"], item["P_s"], item["H_s"]) == pytest.approx((0.9, 0.045, 0.005))
 
 
 def test_wilson_bounds() -> None:
@@ -217,8 +269,12 @@ def test_two_tasks_two_arms_through_real_servers(tmp_path) -> None:
         assert s["wall_s_success"]["n"] == s["successes"]
         lo, hi = s["success_ci95"]
         assert 0 <= lo <= s["success_rate"] <= hi <= 1
-        for key in ("net_s_per_task", "wall_s_saved_per_task", "model_s_saved_per_task"):
-            assert s[key]["lo"] <= s[key]["mean"] <= s[key]["hi"]
+        assert s["wall_s_saved_per_task"]["lo"] <= s["wall_s_saved_per_task"]["mean"] <= s["wall_s_saved_per_task"]["hi"]
+        for key in ("net_s_per_task", "tts_s_saved_per_task", "R_s_per_task"):
+            # over the seeds both arms solved within the retry budget; none: all pairs unsolved
+            assert s[key]["n"] == s["totals"]["tasks"] == s["paired_seeds"] - s["unsolved_pairs"], key
+            if s[key]["n"]:
+                assert s[key]["lo"] <= s[key]["mean"] <= s[key]["hi"], key
         assert s["totals"] == again["per_arm"][arm]["totals"]
         for a in summary["accounts"][arm]:
             rec = next(r for r in recs if r["seed"] == a["seed"])

@@ -45,6 +45,7 @@ from jumpahead.core.script import ScriptedCall, ScriptTurn, render_turn, turn_to
 
 from jumpahead.core.turn import Message
 
+from .accounting import price
 from .arms import BASELINE, Arm, policy_hooks
 from .recorded import recorded_output
 from .session import Session
@@ -296,10 +297,9 @@ def interventions(arm: ArmTurn, plain_s: float) -> list[dict[str, Any]]:
             rounds = sorted({round_of[p] for p in range(pos, end) if p < len(round_of)})
             good = end - pos if arm.diverged_at is None else max(0, min(end, arm.diverged_at) - pos)
             carried = [r for r in rounds if r > 0]  # round 0 is the prefill: no plain round to compare
-            h = sum(arm.round_propose_s[r] for r in carried)
-            p = sum(arm.round_s[r] - plain_s - arm.round_propose_s[r] for r in carried)
+            cost = price(good, [arm.round_s[r] for r in carried], [arm.round_propose_s[r] for r in carried], plain_s)
             item: dict[str, Any] = {"kind": kind, "at": pos, "tokens": end - pos, "rounds": len(rounds),
-                                    "D_s": round(good * plain_s, 6), "P_s": round(p, 6), "H_s": round(h, 6)}
+                                    "D_s": round(cost.D_s, 6), "P_s": round(cost.P_s, 6), "H_s": round(cost.H_s, 6)}
             if arm.diverged_at is not None and pos <= arm.diverged_at < end:
                 item["wrong"] = True
                 item["wasted_tokens"] = end - arm.diverged_at

@@ -1,0 +1,76 @@
+"""The one accounting of what supplied tokens save and what they cost.
+
+Forced replay (traces/replay.py) and live runs (live/summary.py) both price their
+interventions here, so each quantity has one definition:
+
+- plain_s: the ordinary arm's seconds per one-token decode round.
+- D (decode avoided) = the intervention's correct supplied tokens x plain_s.
+- P (carrying them) = what the rounds that carried supplied tokens took beyond a plain
+  round, less their proposer time.
+- H (proposing) = proposer time in those rounds, plus hook time where a run has it.
+
+At task level (live runs only; a replayed turn's continuation is fixed by the record):
+
+- time to success under a retry budget: an attempt that fails costs its model time,
+  and the task is retried on the ordinary arm (the stated rule: a failed attempt is
+  redone ordinarily, at the ordinary arm's measured model time on the same task),
+  up to `retries` times; a task the ordinary arm never solves has no time to success.
+  So a fast failure never lowers the time to success: it adds to it.
+- R (recovery) = what the measured paired saving leaves unexplained by D - P - H:
+  R = (D - P - H) - (ordinary time to success - arm time to success). It is not
+  clamped (noise moves it both ways; its CI says how far), and every arm pays it, not
+  only arms with a detected wrong jump. Forced replay cannot observe R: rolling a row
+  back is a pointer move, and the record, not the model, decides what comes next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+RETRIES = 1  # the predefined retry budget: one ordinary redo after a failed attempt
+
+
+@dataclass(frozen=True)
+class DPH:
+    """An intervention's (or a turn's, a task's) decode avoided, carrying and proposing cost."""
+
+    D_s: float = 0.0
+    P_s: float = 0.0
+    H_s: float = 0.0
+
+    @property
+    def gain_s(self) -> float:
+        return self.D_s - self.P_s - self.H_s
+
+    def __add__(self, other: DPH) -> DPH:
+        return DPH(self.D_s + other.D_s, self.P_s + other.P_s, self.H_s + other.H_s)
+
+
+def price(good_tokens: int, carried_round_s: Sequence[float], carried_propose_s: Sequence[float],
+          plain_s: float | None, other_s: float = 0.0) -> DPH:
+    """D, P and H of supplied tokens: `good_tokens` of them correct, carried by rounds
+    that took `carried_round_s` with `carried_propose_s` of proposer time in each;
+    `other_s`: time spent for them outside those rounds (policy hooks), counted in H."""
+    if not plain_s:
+        return DPH(0.0, 0.0, sum(carried_propose_s) + other_s)
+    propose = sum(carried_propose_s)
+    p = sum(carried_round_s) - plain_s * len(carried_round_s) - propose
+    return DPH(good_tokens * plain_s, p, propose + other_s)
+
+
+def time_to_success(model_s: float, success: bool, ordinary_model_s: float | None, ordinary_success: bool,
+                    retries: int = RETRIES) -> float | None:
+    """Model seconds until the task is solved: the attempt, then (failed) up to
+    `retries` ordinary redos of `ordinary_model_s` each; None where the budget does
+    not reach a success (the ordinary arm does not solve the task either)."""
+    if success:
+        return model_s
+    if retries < 1 or not ordinary_success or ordinary_model_s is None:
+        return None
+    return model_s + ordinary_model_s
+
+
+def recovery_s(gain_s: float, ordinary_tts_s: float, arm_tts_s: float) -> float:
+    """R: the part of D - P - H that the measured paired saving does not show."""
+    return gain_s - (ordinary_tts_s - arm_tts_s)
