@@ -199,12 +199,18 @@ def test_hundred_clients_vanish_mid_prefill_and_mid_stream(tmp_path):
     assert r["ok"]
 
 
+def _crash(target: str, tmp_path) -> tuple[str, dict]:
+    """The crash bench's `target` part, killing the server JUMPAHEAD_CRASH_KILLS (5) times: the kills, the report."""
+    kills = os.environ.get("JUMPAHEAD_CRASH_KILLS", "5")
+    r = _bench("crash", "--target", target, "--kills", kills, "--tear-every", "2", "--work-dir", str(tmp_path),
+               timeout=2400)[target]
+    return kills, r
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_sigkill_during_ssd_cache_writes(tmp_path):
-    kills = os.environ.get("JUMPAHEAD_CRASH_KILLS", "5")
-    r = _bench("crash", "--target", "ssd", "--kills", kills, "--tear-every", "2", "--work-dir", str(tmp_path),
-               timeout=2400)["ssd"]
+    kills, r = _crash("ssd", tmp_path)
     assert r["kills"] == int(kills) and r["restarts"] == int(kills) + 1
     assert r["kills_after_a_write_started"] >= 1 and r["kills_mid_write"] >= 1, r["per_kill"]
     assert r["unfinished_writes_left_after_start"] == 0
@@ -218,9 +224,7 @@ def test_sigkill_during_ssd_cache_writes(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_sigkill_during_trace_writes(tmp_path):
-    kills = os.environ.get("JUMPAHEAD_CRASH_KILLS", "5")
-    r = _bench("crash", "--target", "trace", "--kills", kills, "--tear-every", "2", "--work-dir", str(tmp_path),
-               timeout=2400)["trace"]
+    kills, r = _crash("trace", tmp_path)
     assert r["kills"] == int(kills) and r["completed_turns"] > 0
     assert r["completed_turns_missing"] == 0, r["missing_samples"]
     assert r["import_errors"] == [] and r["other_warnings"] == []
