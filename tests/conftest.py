@@ -1,7 +1,9 @@
-"""Shared fixtures: the real default model, loaded once per test session."""
+"""Shared fixtures: the real default model, loaded once per test session; an engine served
+and an openai client of it."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,3 +39,20 @@ def engine(loaded_model, tmp_path_factory):
     eng = Engine(model, tokenizer, info, EngineConfig(max_batch=8, prefix_cache_dir=cache_dir))
     yield eng
     eng.close()
+
+
+@pytest.fixture(scope="module")
+def base_url(engine) -> Iterator[str]:
+    """`engine` (the session's, or the module's own where it defines one) served by uvicorn
+    in a thread (tests/serving.py serve): its base URL."""
+    from .serving import serve
+
+    with serve(engine) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(base_url):
+    """An openai SDK client of base_url (no retries); its tests are skipped without the openai package."""
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="dummy", max_retries=0, timeout=120)

@@ -10,9 +10,12 @@ import os
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
 from jumpahead.live.server_process import ServerProcess, free_port, serve_app  # noqa: F401  (free_port: the tests')
@@ -40,6 +43,17 @@ def serve(engine: Any, **app_kwargs: Any) -> Iterator[str]:
         yield url
 
 
+def rows_idle(url: str, timeout: float) -> bool:
+    """Whether the server at `url` reports no rows running or waiting within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        health = httpx.get(f"{url}/health").json()
+        if health["rows_running"] == 0 and health["rows_waiting"] == 0:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def sse_events(response: Any) -> list[tuple[str, dict]]:
     """(event name, data) of each server-sent event of a streamed httpx response."""
     events, name = [], None
@@ -59,6 +73,19 @@ def start_serve(args: list[str], cwd: Path) -> ServerProcess:
     os.close(fd)
     return ServerProcess(["--max-batch", "2", "--log-level", "warning", "--no-ssd-cache", *args], log,
                          cwd=cwd, wait=False)
+
+
+@contextlib.contextmanager
+def engine_of(loaded_model: Any, **config: Any) -> Iterator[Any]:
+    """An Engine over the session's model with EngineConfig(**config), closed at the end."""
+    from jumpahead.engine.engine import Engine, EngineConfig
+
+    model, tokenizer, info = loaded_model
+    eng = Engine(model, tokenizer, info, EngineConfig(**config))
+    try:
+        yield eng
+    finally:
+        eng.close()
 
 
 def script_engine(loaded_model: Any, max_batch: int = 4) -> Any:

@@ -15,20 +15,16 @@ import pytest
 
 from jumpahead.core.script import Script, ScriptTurn
 
-from .serving import serve
+from .serving import engine_of, serve
 
 anthropic = pytest.importorskip("anthropic")
 
 
 @pytest.fixture(scope="module")
 def engine(loaded_model, tmp_path_factory):
-    from jumpahead.engine.engine import Engine, EngineConfig
-
-    model, tokenizer, info = loaded_model
-    eng = Engine(model, tokenizer, info, EngineConfig(max_batch=2, max_asserted=1024,
-                                                      prefix_cache_dir=str(tmp_path_factory.mktemp("pc"))))
-    yield eng
-    eng.close()
+    with engine_of(loaded_model, max_batch=2, max_asserted=1024,
+                   prefix_cache_dir=str(tmp_path_factory.mktemp("pc"))) as eng:
+        yield eng
 
 
 def _usages(client, messages) -> tuple[dict, dict]:

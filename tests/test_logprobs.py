@@ -10,8 +10,6 @@ streaming and not, Responses) carry the same numbers; bad values are a 400.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import mlx.core as mx
 import numpy as np
@@ -19,7 +17,7 @@ import pytest
 
 from jumpahead.engine.proposal import Proposal
 from jumpahead.engine.types import GenerationRequest, SamplingParams
-from tests.serving import serve
+from tests.serving import engine_of
 
 openai = pytest.importorskip("openai")
 
@@ -31,25 +29,11 @@ PLAIN = "Say hello in one short sentence."
 
 
 @pytest.fixture(scope="module")
-def eng(loaded_model):
-    from jumpahead.engine.engine import Engine, EngineConfig
-
-    model, tokenizer, info = loaded_model
+def engine(loaded_model):
+    """This module's engine, served by conftest's base_url and client."""
     # cost_aware off: echo's proposals are always verified, so the accept path runs
-    eng = Engine(model, tokenizer, info, EngineConfig(max_batch=4, cost_aware=False))
-    yield eng
-    eng.close()
-
-
-@pytest.fixture(scope="module")
-def base_url(eng) -> Iterator[str]:
-    with serve(eng) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def client(base_url):
-    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0)
+    with engine_of(loaded_model, max_batch=4, cost_aware=False) as eng:
+        yield eng
 
 
 def _prompt(tokenizer, text: str) -> list[int]:
@@ -75,10 +59,10 @@ def _reference(model, prompt: list[int], answer: list[int]) -> np.ndarray:
     return x - (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))
 
 
-def test_greedy_logprobs_match_full_forward(eng, loaded_model):
+def test_greedy_logprobs_match_full_forward(engine, loaded_model):
     model, tokenizer, _ = loaded_model
     prompt = _prompt(tokenizer, PLAIN)
-    tokens, lps, _ = _run(eng, prompt, ["none"])
+    tokens, lps, _ = _run(engine, prompt, ["none"])
     ref = _reference(model, prompt, tokens)
     for i, (tok, lp) in enumerate(zip(tokens, lps)):
         assert lp.token == tok
@@ -89,11 +73,11 @@ def test_greedy_logprobs_match_full_forward(eng, loaded_model):
             assert abs(value - ref[i, alt]) < TOL
 
 
-def test_echo_gives_the_same_logprobs(eng, loaded_model):
+def test_echo_gives_the_same_logprobs(engine, loaded_model):
     _, tokenizer, _ = loaded_model
     prompt = _prompt(tokenizer, COPY)
-    plain, plain_lps, _ = _run(eng, prompt, ["none"], max_tokens=24)
-    echo, echo_lps, chunks = _run(eng, prompt, ["echo"], max_tokens=24)
+    plain, plain_lps, _ = _run(engine, prompt, ["none"], max_tokens=24)
+    echo, echo_lps, chunks = _run(engine, prompt, ["echo"], max_tokens=24)
     assert chunks[-1].fill["verified"]["accepted"] > 0, chunks[-1].fill  # echo really accepted tokens
     assert echo == plain
     for a, b in zip(plain_lps, echo_lps):
@@ -119,11 +103,11 @@ class _Jump:
         pass
 
 
-def test_asserted_tokens_have_no_logprob(eng, loaded_model):
+def test_asserted_tokens_have_no_logprob(engine, loaded_model):
     model, tokenizer, _ = loaded_model
     prompt = _prompt(tokenizer, PLAIN)
     jump = tokenizer.encode(" there", add_special_tokens=False)[:2]
-    tokens, lps, chunks = _run(eng, prompt, ["none"], top=0, max_tokens=6, proposers=[_Jump(jump)])
+    tokens, lps, chunks = _run(engine, prompt, ["none"], top=0, max_tokens=6, proposers=[_Jump(jump)])
     kinds = [k for c in chunks for k in c.kinds]
     assert "jump" in kinds
     ref = _reference(model, prompt, tokens)
@@ -134,9 +118,9 @@ def test_asserted_tokens_have_no_logprob(eng, loaded_model):
             assert lp.top == [] and abs(lp.logprob - ref[i, tokens[i]]) < TOL
 
 
-def test_chat_sdk_stream_and_not(client, eng, loaded_model):
+def test_chat_sdk_stream_and_not(client, engine, loaded_model):
     _, tokenizer, _ = loaded_model
-    tokens, lps, _ = _run(eng, _prompt(tokenizer, COPY), ["none"], top=3)
+    tokens, lps, _ = _run(engine, _prompt(tokenizer, COPY), ["none"], top=3)
     args = dict(model="m", messages=[{"role": "user", "content": COPY}], max_tokens=N, temperature=0,
                 logprobs=True, top_logprobs=3, extra_body={"jumpahead": {"methods": ["echo"]}})
     whole = client.chat.completions.create(**args)

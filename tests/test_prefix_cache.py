@@ -30,6 +30,7 @@ from jumpahead.engine.row_cache import DiskPiece, RowKVCache
 from jumpahead.engine.ssd_cache import SsdStore
 from jumpahead.engine.types import GenerationRequest
 from tests.oracle import assert_same_or_near_tie
+from tests.serving import engine_of
 
 REPO = Path(__file__).resolve().parents[1]
 SYSTEM = "You are a careful coding assistant. Answer briefly."
@@ -69,10 +70,8 @@ def engines(loaded_model):
 
 @pytest.fixture(scope="module")
 def cache_off(loaded_model):
-    model, tokenizer, info = loaded_model
-    eng = Engine(model, tokenizer, info, EngineConfig(max_batch=4, prefix_cache=False))
-    yield eng
-    eng.close()
+    with engine_of(loaded_model, max_batch=4, prefix_cache=False) as eng:
+        yield eng
 
 
 def fake_cache(tokens: int, layers: int = 2, heads: int = 2, dim: int = 4, seed: int = 0) -> RowKVCache:

@@ -9,8 +9,6 @@ writes the rest of the call, and the server parses it out of the output.
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -45,7 +43,7 @@ TOOL_MESSAGES = [
 ]
 
 
-from tests.serving import serve  # noqa: E402
+from tests.serving import rows_idle, serve  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -58,27 +56,6 @@ def engine():
         pytest.skip(f"default model unavailable: {exc}")
     yield eng
     eng.close()
-
-
-@pytest.fixture(scope="module")
-def base_url(engine) -> Iterator[str]:
-    with serve(engine) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def client(base_url):
-    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="dummy", max_retries=0, timeout=120)
-
-
-def rows_idle(base_url: str, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        h = httpx.get(f"{base_url}/health").json()
-        if h["rows_running"] == 0 and h["rows_waiting"] == 0:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def sse_lines(response: httpx.Response) -> list[str]:
@@ -240,12 +217,12 @@ def test_client_disconnect_frees_the_row(base_url):
             seen += '"content"' in line
             if seen >= 3:
                 break  # leave mid-stream: the connection closes
-    assert rows_idle(base_url), "the streaming row was not freed after the client left"
+    assert rows_idle(base_url, timeout=20), "the streaming row was not freed after the client left"
 
     body["stream"] = False
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=3)
-    assert rows_idle(base_url), "the non-streaming row was not freed after the client left"
+    assert rows_idle(base_url, timeout=20), "the non-streaming row was not freed after the client left"
     metrics = httpx.get(f"{base_url}/metrics.json").json()
     assert metrics["server"]["client_disconnects"] >= 2 and metrics["engine"]["cancelled"] >= 2
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -24,7 +23,7 @@ from jumpahead.engine.types import TokenChunk
 from jumpahead.core.script import Script, ScriptedCall, ScriptTurn
 
 from .conftest import SHARED
-from .serving import script_engine, serve, sse_events
+from .serving import rows_idle, script_engine, serve, sse_events
 
 anthropic = pytest.importorskip("anthropic")
 openai = pytest.importorskip("openai")
@@ -409,16 +408,6 @@ def test_non_streaming_engine_fault_is_500_in_the_protocol_shape(engine):
         assert httpx.get(f"{url}/health").json()["status"] == "ok"
 
 
-def _rows_idle(url: str, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        health = httpx.get(f"{url}/health").json()
-        if health["rows_running"] == 0 and health["rows_waiting"] == 0:
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_client_leaving_mid_stream_frees_the_row(engine):
     with serve(engine) as url:  # no script: the model writes a long answer
         for path, body in [
@@ -432,5 +421,5 @@ def test_client_leaving_mid_stream_frees_the_row(engine):
                     seen += "delta" in line
                     if seen >= 3:
                         break  # leave mid-stream: the connection closes
-            assert _rows_idle(url), f"{path}: the streaming row was not freed after the client left"
+            assert rows_idle(url, timeout=30), f"{path}: the streaming row was not freed after the client left"
         assert httpx.get(f"{url}/metrics.json").json()["server"]["client_disconnects"] >= 2

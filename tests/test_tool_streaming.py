@@ -15,7 +15,7 @@ import pytest
 
 from jumpahead.core.script import Script, ScriptedCall, ScriptTurn
 
-from .serving import serve
+from .serving import engine_of, serve
 
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
@@ -34,15 +34,11 @@ CUT = 45  # max_tokens that ends the scripted turn inside the content argument
 
 @pytest.fixture(scope="module")
 def engine(loaded_model, tmp_path_factory):
-    from jumpahead.engine.engine import Engine, EngineConfig
-
-    model, tokenizer, info = loaded_model
     # A whole scripted turn per round (a turn cut across rounds gets sampled tokens
     # between its slices in script mode; see the report of issue 12).
-    eng = Engine(model, tokenizer, info, EngineConfig(max_batch=2, max_asserted=1024,
-                                                      prefix_cache_dir=str(tmp_path_factory.mktemp("pc"))))
-    yield eng
-    eng.close()
+    with engine_of(loaded_model, max_batch=2, max_asserted=1024,
+                   prefix_cache_dir=str(tmp_path_factory.mktemp("pc"))) as eng:
+        yield eng
 
 
 def _chat(url: str):
