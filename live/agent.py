@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .ground_truth import expected_state, label_call, snapshot, task_outcome
 from .sandbox import SYSTEM_PROMPT, TOOLS, run_tool
 from .world import Task
 
@@ -51,7 +52,9 @@ class TurnRecord:
     cached_tokens: int
     fill: dict[str, Any]  # usage.fill as the server sent it
     content: str
-    calls: list[dict[str, Any]] = field(default_factory=list)  # name, arguments (text), result, error
+    # name, arguments (text), result, error, and the ground truth (live/ground_truth.py):
+    # truth (right | wrong | harmless), changed paths, bad_after
+    calls: list[dict[str, Any]] = field(default_factory=list)
     timings: dict[str, Any] = field(default_factory=dict)  # the server's, from its trace (live/runner.py)
 
 
@@ -75,6 +78,7 @@ class TaskRecord:
         out["prompt_tokens"] = sum(t.prompt_tokens for t in self.turns)
         out["completion_tokens"] = sum(t.completion_tokens for t in self.turns)
         out["cached_tokens"] = sum(t.cached_tokens for t in self.turns)
+        out["truth_outcome"] = task_outcome([c for t in self.turns for c in t.calls])
         return out
 
 
@@ -107,6 +111,7 @@ def run_task(client: Any, task: Task, workspace: Path, arm_name: str, request_fi
              session: str, oracle: bool, options: AgentOptions) -> TaskRecord:
     """Run `task` in `workspace` (set up here) against the server behind `client`."""
     record = TaskRecord(arm=arm_name, seed=task.seed, kind=task.kind, steps=task.steps, session=session)
+    expected = expected_state(task)  # what the ideal solution leaves: each call is judged against it
     task.setup(workspace)
     jumpahead = {**request_field, "session": session}
     if oracle:
@@ -142,9 +147,11 @@ def run_task(client: Any, task: Task, workspace: Path, arm_name: str, request_fi
                                                           "arguments": c.function.arguments}} for c in calls]})
             for c in calls:
                 args, problem = _arguments(c.function.arguments)
+                before = snapshot(workspace)
                 result = problem if args is None else run_tool(workspace, c.function.name, args)
                 turn.calls.append({"name": c.function.name, "arguments": c.function.arguments,
-                                   "error": result.startswith("Error"), "result": result[:RESULT_KEEP]})
+                                   "error": result.startswith("Error"), "result": result[:RESULT_KEEP],
+                                   **label_call(before, snapshot(workspace), expected, result)})
                 messages.append({"role": "tool", "tool_call_id": c.id, "content": result})
         else:
             record.status = "step_limit"

@@ -24,8 +24,10 @@ interventions with the same code); here they are read off a live turn's telemetr
   R is the measured saving, and R carries what the interventions cost that D, P, H do
   not see (wrong jumps, detected or not, and noise; its bootstrap CI says how much).
 
-Wrong jumps are still counted by a heuristic (a `mistaken ...` label, or an error in
-the call the jump went into); they no longer decide who pays R. Recovery frequency =
+A jump is wrong when its label says it was perturbed (`mistaken ...`) or a call of its
+turn is wrong by the ground truth (live/ground_truth.py: the call's effect on the
+workspace against the ideal solution's, so silent wrong writes count); wrong jumps no
+longer decide who pays R. Recovery frequency =
 wrong / jump interventions; cost per recovery = R of the tasks with a wrong jump /
 wrong; the break-even recovery frequency is the wrong share at which that cost would
 cancel D - P - H: (D - P - H) / (jump interventions x cost per recovery).
@@ -137,10 +139,17 @@ def interventions(turn: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def wrong(item: dict[str, Any], turn: dict[str, Any]) -> bool:
+    """A jump is wrong when its policy perturbed it, or when a call of its turn is
+    wrong by the ground truth (live/ground_truth.py: its effect on the workspace, a
+    silent wrong write included); records without ground truth fall back to the
+    call's error result."""
     label = str(item.get("label") or "")
     if label.startswith("mistaken ") and not label.startswith("mistaken none"):
         return True
-    return any(c.get("error") for c in turn.get("calls", []))
+    calls = turn.get("calls", [])
+    if any("truth" in c for c in calls):
+        return any(c.get("truth") == "wrong" for c in calls)
+    return any(c.get("error") for c in calls)
 
 
 def turn_account(turn: dict[str, Any], plain_s: float | None) -> dict[str, float]:
@@ -291,6 +300,7 @@ def _arm_summary(arm: str, recs: dict[int, dict[str, Any]], base: dict[int, dict
                                                  for s in paired]),
         "success_vs_ordinary": {"arm_only": sum(1 for s in paired if recs[s]["success"] and not base[s]["success"]),
                                 "ordinary_only": sum(1 for s in paired if base[s]["success"] and not recs[s]["success"])},
+        "ground_truth": _ground_truth(recs),
         "recovery": {"jump_interventions": jumps, "wrong": n_wrong,
                      "frequency": round(n_wrong / jumps, 4) if jumps else None,
                      "tasks_with_wrong": sum(1 for a in acc.values() if a["wrong"]),
@@ -301,6 +311,14 @@ def _arm_summary(arm: str, recs: dict[int, dict[str, Any]], base: dict[int, dict
                      "breakeven_frequency": round(breakeven, 4) if breakeven is not None else None},
     }
     return out
+
+
+def _ground_truth(recs: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Calls by their ground-truth label, tasks with a wrong call by what followed."""
+    calls = [c for r in recs.values() for t in r.get("turns", []) for c in t.get("calls", []) if "truth" in c]
+    outcomes = [r.get("truth_outcome") for r in recs.values()]
+    return {"calls": {k: sum(1 for c in calls if c["truth"] == k) for k in ("right", "harmless", "wrong")},
+            "tasks": {k: outcomes.count(k) for k in ("recovered", "unrecovered", "unnoticed")}}
 
 
 NOTES = [
@@ -317,6 +335,8 @@ NOTES = [
     "unexplained; its CI resamples seeds and plain_round_s",
     "totals, net_s_per_task and tts_s_saved_per_task are over the seeds where both arms have a time to success; "
     "net_s = D - P - H - R equals the measured saving there",
-    "wrong jumps: a `mistaken` label or an error in the call the jump went into (a heuristic: silent wrong "
-    "content is not detected); breakeven_frequency = (D - P - H) / (jump interventions x cost per recovery)",
+    "ground truth: each call's effect on the workspace against the state the task's ideal solution leaves "
+    "(right / wrong / harmless; silent wrong writes and non-zero exits are wrong); a task with a wrong call is "
+    "recovered, unrecovered or unnoticed (live/ground_truth.py)",
+    "wrong jumps: a `mistaken` label or a wrong call (ground truth) in the jump's turn; breakeven_frequency = (D - P - H) / (jump interventions x cost per recovery)",
 ]
