@@ -5,13 +5,10 @@ keep their own prefix caches, and a wrong asserted intervention diverges the tur
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
@@ -22,7 +19,7 @@ from jumpahead.traces.replay import ReplayOptions, forced_output, plan_session, 
 from jumpahead.core.turn import Message, ToolCall
 from jumpahead.traces.session import Session
 
-from .serving import free_port, interrupt
+from .serving import cli_process, free_port, interrupt, wait_health
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -126,7 +123,13 @@ def test_forced_arms_emit_the_record(forced, loaded_model):
         strict = t["arms"]["strict"]
         assert strict["tokens_by_kind"].get("strict", 0) > 0
         assert strict["rounds"] < ordinary["rounds"]
-        assert all(i["kind"] == "strict" and i["tokens"] > 0 and i["D_s"] > 0 for i in strict["interventions"])
+        supplied = [i for i in strict["interventions"] if i["kind"] != "unaccepted"]
+        assert supplied and all(i["kind"] == "strict" and i["tokens"] > 0 and i["D_s"] > 0 for i in supplied)
+        # rounds where the proposer ran and supplied nothing are priced too: one item, D = 0, last
+        idle = [i for i in strict["interventions"] if i["kind"] == "unaccepted"]
+        assert len(idle) <= 1 and all(i["D_s"] == 0 and i["tokens"] == 0 and i["rounds"] > 0 and i["H_s"] > 0
+                                      for i in idle)
+        assert not idle or strict["interventions"][-1] is idle[0]
     # the second turn copies the file the first one read: echo is accepted there
     echo = turns[1]["arms"]["echo"]
     assert echo["verified"]["accepted"] >= 8 and echo["tokens_by_kind"]["echo"] == echo["verified"]["accepted"]
@@ -199,7 +202,8 @@ def test_wrong_asserted_jump_diverges(loaded_model):
     turn = doc["sessions"][0]["turns"][0]
     ok, bad = turn["arms"]["right-jump"], turn["arms"]["wrong-jump"]
     assert ok["identical"] and not ok["diverged"] and ok["tokens_by_kind"]["jump"] == 6
-    assert [(i["kind"], i["at"], i["tokens"]) for i in ok["interventions"]] == [("jump", 4, 6)]
+    assert [(i["kind"], i["at"], i["tokens"]) for i in ok["interventions"] if i["kind"] != "unaccepted"] == \
+        [("jump", 4, 6)]
     assert bad["diverged"] and not bad["identical"] and bad["diverged_at"] == 4
     iv = bad["interventions"][0]
     assert iv["kind"] == "jump" and iv["wrong"] and iv["wasted_tokens"] == 6 and iv["D_s"] == 0
@@ -302,22 +306,11 @@ def test_live_replay_serves_the_recorded_turns(tmp_path):
     path = tmp_path / "session.json"
     _write_session(path)
     port = free_port()
-    env = {**os.environ, "JUMPAHEAD_HOME": str(tmp_path / "home")}
-    proc = subprocess.Popen([sys.executable, "-m", "jumpahead.app.cli", "replay", "--live", str(path), "--port",
-                             str(port), "--no-ssd-cache", "--log-level", "warning"], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = cli_process(["replay", "--live", str(path), "--port", str(port), "--no-ssd-cache", "--log-level", "warning"],
+                       cwd=REPO, env={"JUMPAHEAD_HOME": str(tmp_path / "home")})
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the live replay server did not start"
-            time.sleep(0.5)
+        wait_health(proc, base, timeout=120, ok=True, poll=0.5)
         client = OpenAI(base_url=f"{base}/v1", api_key="dummy")
         history = [{"role": "system", "content": "You are a coding agent. Use the tools."},
                    {"role": "user", "content": "Fix the docstring of sub in calc.py."}]

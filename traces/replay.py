@@ -281,8 +281,11 @@ def arm_order(arms: list[Arm], turn: int) -> list[Arm]:
 
 
 def interventions(arm: ArmTurn, plain_s: float) -> list[dict[str, Any]]:
-    """Each run of supplied tokens with its D, P and H (see the module doc)."""
+    """Each run of supplied tokens with its D, P and H (see the module doc), and last,
+    where proposers ran in rounds that carried no supplied token (rejected or empty
+    proposals), what those rounds cost: an `unaccepted` item with D = 0."""
     out: list[dict[str, Any]] = []
+    carrying: set[int] = set()
     round_of: list[int] = []
     for r, n in enumerate(arm.round_sizes):
         round_of += [r] * n
@@ -297,6 +300,7 @@ def interventions(arm: ArmTurn, plain_s: float) -> list[dict[str, Any]]:
             rounds = sorted({round_of[p] for p in range(pos, end) if p < len(round_of)})
             good = end - pos if arm.diverged_at is None else max(0, min(end, arm.diverged_at) - pos)
             carried = [r for r in rounds if r > 0]  # round 0 is the prefill: no plain round to compare
+            carrying.update(carried)
             cost = price(good, [arm.round_s[r] for r in carried], [arm.round_propose_s[r] for r in carried], plain_s)
             item: dict[str, Any] = {"kind": kind, "at": pos, "tokens": end - pos, "rounds": len(rounds),
                                     "D_s": round(cost.D_s, 6), "P_s": round(cost.P_s, 6), "H_s": round(cost.H_s, 6)}
@@ -305,6 +309,11 @@ def interventions(arm: ArmTurn, plain_s: float) -> list[dict[str, Any]]:
                 item["wasted_tokens"] = end - arm.diverged_at
             out.append(item)
         pos = end
+    idle = [r for r in range(1, len(arm.round_s)) if r not in carrying and arm.round_propose_s[r] > 0]
+    if idle:
+        cost = price(0, [arm.round_s[r] for r in idle], [arm.round_propose_s[r] for r in idle], plain_s)
+        out.append({"kind": "unaccepted", "at": None, "tokens": 0, "rounds": len(idle),
+                    "D_s": 0.0, "P_s": round(cost.P_s, 6), "H_s": round(cost.H_s, 6)})
     return out
 
 
@@ -486,7 +495,9 @@ NOTES = [
     "plain rounds emit the recorded token, verified proposals are accepted where they match it",
     "model_s = engine prefill_s + decode_s per turn; ratio = ordinary model_s / arm model_s",
     "D = supplied tokens x the ordinary arm's decode s/token on the same turn; P = the rounds that carried "
-    "them beyond a plain round, less their proposer time; H = proposer time in those rounds",
+    "them beyond a plain round, less their proposer time; H = proposer time in those rounds; rounds where "
+    "proposers ran but nothing was accepted are one `unaccepted` item per turn (D = 0) with their P and H "
+    "(traces/accounting.py defines all three)",
     "a diverged turn (a wrong asserted intervention) is ended there; the rest of the record is charged as "
     "rest_s = its tokens x the ordinary arm's decode s/token, included in model_s (the ordinary arm decodes "
     "it too: this is not a recovery cost)",
