@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -41,6 +42,31 @@ def serve(engine: Any, **app_kwargs: Any) -> Iterator[str]:
 
     with serve_app(create_app(engine, **app_kwargs), timeout=30, name="uvicorn-test") as url:
         yield url
+
+
+def cli_process(args: list[str], env: dict[str, str] | None = None, cwd: Path | str | None = None) -> subprocess.Popen[str]:
+    """`python -m jumpahead.app.cli ARGS` (unbuffered, `env` added to the environment), its stdout and
+    stderr together in `proc.stdout` as text; not waited for."""
+    return subprocess.Popen([sys.executable, "-m", "jumpahead.app.cli", *args], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+
+def wait_health(proc: subprocess.Popen[str], url: str, timeout: float, *, ok: bool = False,
+                poll: float = 0.3) -> httpx.Response:
+    """GET url/health until it answers (with `ok`, until it answers 200): that answer. Asserts on
+    the way that `proc` (a cli_process) is still running and that `timeout` seconds have not passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, f"the server exited {proc.returncode}:\n{proc.stdout.read()[-3000:]}"
+        try:
+            health = httpx.get(f"{url}/health", timeout=2)
+            if health.status_code == 200 or not ok:
+                return health
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "the server did not come up"
+        time.sleep(poll)
 
 
 def rows_idle(url: str, timeout: float) -> bool:

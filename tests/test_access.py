@@ -7,11 +7,9 @@ The server is the real app (uvicorn, the default model) started with
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import anthropic
@@ -23,7 +21,7 @@ from jumpahead.proxy import access as access_mod
 from jumpahead.proxy.access import AccessConfig, access_config, host_name, normalize_origin
 from jumpahead.proxy.openapi import openapi_document
 
-from .serving import free_port, interrupt, serve
+from .serving import cli_process, free_port, interrupt, serve, wait_health
 
 KEY = "sk-test-0123456789abcdef-SECRET"
 UI = "http://localhost:5173"
@@ -330,22 +328,11 @@ def test_serve_refuses_bad_access_flags_without_traceback():
 def test_serve_with_key_from_the_environment_logs_no_key(tmp_path):
     port = free_port()
     trace_dir = tmp_path / "traces"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jumpahead.app.cli", "serve", "--port", str(port), "--max-batch", "2",
-         "--log-level", "debug", "--trace-dir", str(trace_dir), "--allow-origin", UI],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "JUMPAHEAD_API_KEY": KEY})
+    proc = cli_process(["serve", "--port", str(port), "--max-batch", "2", "--log-level", "debug",
+                        "--trace-dir", str(trace_dir), "--allow-origin", UI], env={"JUMPAHEAD_API_KEY": KEY})
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                health = httpx.get(f"{base}/health", timeout=2)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "server did not come up"
-                time.sleep(0.3)
+        health = wait_health(proc, base, timeout=240)
         assert health.status_code == 200
         assert httpx.get(f"{base}/v1/models", timeout=30).status_code == 401
         assert httpx.get(f"{base}/v1/models", headers={"host": "evil.example", "x-api-key": KEY}).status_code == 403

@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -28,7 +26,7 @@ import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
 from jumpahead.core.script import Script, ScriptedCall, ScriptTurn
 
 from . import agent_clients
-from .serving import free_port, interrupt, script_engine, serve
+from .serving import cli_process, free_port, interrupt, script_engine, serve, wait_health
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -140,19 +138,6 @@ def test_mini_swe_agent(engine, tmp_path):
     assert script.served == 2
 
 
-def _wait_healthy(proc: subprocess.Popen[str], url: str, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        assert proc.poll() is None, f"jumpahead serve exited {proc.returncode}:\n{proc.stdout.read()[-3000:]}"
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "jumpahead serve did not come up"
-        time.sleep(0.5)
-
-
 def test_aider_against_serve_script_subprocess(tmp_path):
     aider = _client("python", "aider")
     home, work, target = _dirs(tmp_path)
@@ -160,12 +145,10 @@ def test_aider_against_serve_script_subprocess(tmp_path):
     script_file.write_text(json.dumps({"text": "hello.txt\n```\nhello world\n```\n"}) + "\n")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "jumpahead.app.cli", "serve", "--port", str(port), "--max-batch", "1",
-         "--script", str(script_file), "--script-prompt-limit", str(PROMPT_LIMIT), "--log-level", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    server = cli_process(["serve", "--port", str(port), "--max-batch", "1", "--script", str(script_file),
+                          "--script-prompt-limit", str(PROMPT_LIMIT), "--log-level", "warning"])
     try:
-        _wait_healthy(server, url)
+        wait_health(server, url, timeout=300, ok=True, poll=0.5)
         env = _env(home, LITELLM_LOCAL_MODEL_COST_MAP="True")
         _run([aider, "--model", "openai/local", "--openai-api-base", f"{url}/v1", "--openai-api-key", "dummy",
               "--yes-always", "--no-git", "--no-pretty", "--no-check-update", "--analytics-disable",
