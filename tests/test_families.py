@@ -137,15 +137,12 @@ async def _collect(engine, req: GenerationRequest, delay: float) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("fam", ALL)
-def test_batch_of_four_equals_alone(family, fam):
-    """Four rows with different prompt lengths and staggered joins, with verified
-    proposals of different widths in the same rounds (padding), each equal to alone."""
-    f = family(fam)
-    alone = [ordinary(f, i) for i in range(4)]
-
+def staggered_four(f: dict, alone: list[list[int]], **request: object) -> list[list[int]]:
+    """f's first four prompts (GenerationRequest(..., **request)) in one batch, row i joining
+    0.05 * i s late; odd rows carry proposals of `alone[i]` that are partly wrong (rounds of
+    mixed widths). Each row's tokens."""
     def req(i: int) -> GenerationRequest:
-        r = GenerationRequest(prompt=f["prompts"][i], max_tokens=N)
+        r = GenerationRequest(prompt=f["prompts"][i], max_tokens=N, **request)
         if i % 2:  # odd rows carry proposals: rounds of mixed widths
             r.proposers = [ScriptedVerified(alone[i], "partial", span=2 + i)]
         return r
@@ -153,7 +150,16 @@ def test_batch_of_four_equals_alone(family, fam):
     async def together():
         return await asyncio.gather(*[_collect(f["engine"], req(i), 0.05 * i) for i in range(4)])
 
-    got = asyncio.run(together())
+    return asyncio.run(together())
+
+
+@pytest.mark.parametrize("fam", ALL)
+def test_batch_of_four_equals_alone(family, fam):
+    """Four rows with different prompt lengths and staggered joins, with verified
+    proposals of different widths in the same rounds (padding), each equal to alone."""
+    f = family(fam)
+    alone = [ordinary(f, i) for i in range(4)]
+    got = staggered_four(f, alone)
     for i in range(4):
         assert_same_or_near_tie(f["model"], f["prompts"][i], got[i], alone[i])
 

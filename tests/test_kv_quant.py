@@ -22,7 +22,6 @@ within QUANT_TIE of the format's narrowest bits.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -37,7 +36,7 @@ from jumpahead.engine.kv_format import KVFormat, parse_kv_format
 from jumpahead.engine.model_runner import ModelRunner
 from jumpahead.engine.types import GenerationRequest
 from tests.oracle import assert_same_or_near_tie
-from tests.test_families import N, TEXTS, ScriptedVerified, _collect, tokens_of
+from tests.test_families import N, TEXTS, ScriptedVerified, staggered_four, tokens_of
 
 REPO = Path(__file__).resolve().parents[1]
 FAMS = ["llama", "gemma3_text", "gpt_oss", "qwen3_next", "falcon_h1"]
@@ -149,17 +148,7 @@ def test_batch_of_four_equals_alone(quantized, fam, fmt):
     partly wrong verified proposals (rounds of mixed widths), each equal to alone."""
     f = quantized(fam, fmt)
     alone = [ordinary(f, i) for i in range(4)]
-
-    def req(i: int) -> GenerationRequest:
-        r = GenerationRequest(prompt=f["prompts"][i], max_tokens=N, methods=["none"])
-        if i % 2:
-            r.proposers = [ScriptedVerified(alone[i], "partial", span=2 + i)]
-        return r
-
-    async def together():
-        return await asyncio.gather(*[_collect(f["engine"], req(i), 0.05 * i) for i in range(4)])
-
-    got = asyncio.run(together())
+    got = staggered_four(f, alone, methods=["none"])
     for i in range(4):
         check(f, i, got[i], alone[i])
 
