@@ -351,9 +351,16 @@ def _fuzz_settings(n: int) -> settings:
                     phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
 
 
-@pytest.mark.parametrize("path", sorted(ENDPOINTS))
-@_fuzz_settings(FUZZ_EXAMPLES)
-@given(data=st.data())
+def _fuzz_generation(n: int):
+    """A test of each generation endpoint (`path`) drawing n examples from `data`. Hypothesis
+    seeds a derandomized test from its code without its decorators: the draws stay the test's own."""
+    def decorate(test):
+        return pytest.mark.parametrize("path", sorted(ENDPOINTS))(_fuzz_settings(n)(given(data=st.data())(test)))
+
+    return decorate
+
+
+@_fuzz_generation(FUZZ_EXAMPLES)
 def test_fuzz_generation_endpoints(server, path, data):
     c, doc = server
     kind, raw, parsed = data.draw(mutated(path))
@@ -369,9 +376,7 @@ def _probe_after(request):
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)  # 100 cases, many of them generating: minutes on a loaded machine
-@pytest.mark.parametrize("path", sorted(ENDPOINTS))
-@_fuzz_settings(SLOW_EXAMPLES)
-@given(data=st.data())
+@_fuzz_generation(SLOW_EXAMPLES)
 def test_fuzz_generation_endpoints_long(server, path, data):
     c, doc = server
     kind, raw, parsed = data.draw(mutated(path))
