@@ -17,15 +17,7 @@ from jumpahead.proxy.openai_chat import (
     parse_chat_request,
 )
 from jumpahead.core.prompt import _systems_first, _systems_into_user, render_prompt, template_messages
-from jumpahead.core.turn import (
-    ContentDelta,
-    ReasoningDelta,
-    ToolCall,
-    ToolCallDelta,
-    TurnEnd,
-    TurnOutput,
-    Usage,
-)
+from jumpahead.core.turn import ContentDelta, ReasoningDelta, ToolCall, ToolCallDelta, TurnEnd, TurnOutput, Usage
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 FIXTURES = sorted((SHARED / "fixtures" / "clients").glob("*/*.json"))

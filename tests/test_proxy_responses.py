@@ -17,16 +17,7 @@ from jumpahead.proxy.openai_responses import (
 )
 from jumpahead.proxy.response_store import ResponseStore, StoredResponse
 from jumpahead.proxy.responses_stream import ResponsesStream
-from jumpahead.core.turn import (
-    ContentDelta,
-    Message,
-    ReasoningDelta,
-    ToolCall,
-    ToolCallDelta,
-    TurnEnd,
-    TurnOutput,
-    Usage,
-)
+from jumpahead.core.turn import ContentDelta, Message, ReasoningDelta, ToolCall, ToolCallDelta, TurnEnd, TurnOutput, Usage
 
 from .conftest import shared_path
 
