@@ -60,6 +60,13 @@ def roundtrip(session: Session) -> None:
 
 # ----------------------------------------------------------------- public sessions
 
+
+def public_session(*parts: str) -> tuple[Session, Any]:
+    """The one session of ../shared/traces/public/PARTS, and the file's JSON as written."""
+    path = shared_path("traces", "public", *parts)
+    [s] = load_sessions(path)
+    return s, json.loads(path.read_text())
+
 def raw_pi(path: Path) -> dict[str, Any]:
     msgs = [e["message"] for e in jsonl(path) if e.get("type") == "message"]
     assistants = [m for m in msgs if m["role"] == "assistant"]
@@ -165,9 +172,7 @@ def test_claude_code_public_session() -> None:
 
 
 def test_mini_swe_agent_public_session() -> None:
-    path = shared_path("traces", "public", "mini-swe-agent", "marshmallow-code__marshmallow-1343.traj.json")
-    [s] = load_sessions(path)
-    doc = json.loads(path.read_text())
+    s, doc = public_session("mini-swe-agent", "marshmallow-code__marshmallow-1343.traj.json")
     assistants = [m for m in doc["messages"] if m["role"] == "assistant"]
     assert s.format == "mini-swe-agent"
     assert counts(s) == {"turns": len(assistants), "tool_calls": sum(len(m["tool_calls"]) for m in assistants),
@@ -185,9 +190,7 @@ def test_mini_swe_agent_public_session() -> None:
 
 
 def test_openhands_public_session() -> None:
-    path = shared_path("traces", "public", "openhands", "basic.json")
-    [s] = load_sessions(path)
-    events = json.loads(path.read_text())
+    s, events = public_session("openhands", "basic.json")
     responses: dict[str, dict[str, Any]] = {}
     text_turns = 0
     for e in events:
@@ -213,9 +216,7 @@ def test_openhands_public_session() -> None:
 
 
 def test_swe_agent_public_session() -> None:
-    path = shared_path("traces", "public", "swe-agent", "swe-agent__test-repo-i1.traj")
-    [s] = load_sessions(path)
-    doc = json.loads(path.read_text())
+    s, doc = public_session("swe-agent", "swe-agent__test-repo-i1.traj")
     history = doc["history"]
     acting = [i for i, h in enumerate(history) if h["role"] == "assistant" and h.get("action", "").strip()]
     observed = [i for i in acting if i + 1 < len(history) and history[i + 1]["role"] == "user"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -342,12 +343,20 @@ def raw_cline(history: list[dict[str, Any]]) -> dict[str, int]:
             "reasoning": sum(1 for m in assistants if _blocks(m, "thinking"))}
 
 
-def test_cline_xml_tool_tags(tmp_path: Path) -> None:
-    path = tmp_path / "tasks" / "1736236800000" / "api_conversation_history.json"
-    history = write_cline_xml(path)
+def cline_task(tmp_path: Path, task: str,
+               write: Callable[[Path], list[dict[str, Any]]]) -> tuple[list[dict[str, Any]], Session]:
+    """A task folder's api_conversation_history.json written by `write`: its history and the one
+    session imported from it, checked to be a cline session named by the task, with the history's counts."""
+    path = tmp_path / "tasks" / task / "api_conversation_history.json"
+    history = write(path)
     [s] = load_sessions(path)
-    assert s.format == "cline" and s.id == "1736236800000"
+    assert s.format == "cline" and s.id == task
     assert counts(s) == raw_cline(history)
+    return history, s
+
+
+def test_cline_xml_tool_tags(tmp_path: Path) -> None:
+    history, s = cline_task(tmp_path, "1736236800000", write_cline_xml)
     names = [c.name for m in s.messages for c in m.tool_calls]
     assert names == [m.group(1) for m in _CLOSE.finditer("\n\n".join(
         b["text"] for m in history if m["role"] == "assistant" for b in m["content"]))]
@@ -377,11 +386,7 @@ def test_cline_xml_tool_tags(tmp_path: Path) -> None:
 
 
 def test_cline_native_tool_blocks(tmp_path: Path) -> None:
-    path = tmp_path / "tasks" / "1760000000000" / "api_conversation_history.json"
-    history = write_cline_native(path)
-    [s] = load_sessions(path)
-    assert s.format == "cline" and s.id == "1760000000000"
-    assert counts(s) == raw_cline(history)
+    history, s = cline_task(tmp_path, "1760000000000", write_cline_native)
     uses = [b for m in history if m["role"] == "assistant" for b in _blocks(m, "tool_use")]
     assert [(c.id, c.name, c.args) for m in s.messages for c in m.tool_calls] == \
         [(b["id"], b["name"], b["input"]) for b in uses]
