@@ -43,7 +43,7 @@ from .openai_responses import ResponsesAdapter
 from jumpahead.core.prompt import render_prompt
 from .response_store import ResponseStore
 from .responses_compact import compact_response
-from jumpahead.core.runner import PreparedTurn, complete_turn, prepare_turn_async, stream_turn
+from jumpahead.core.runner import PreparedTurn, complete_turn, prepare_turn_async, request_methods, stream_turn
 from jumpahead.core.script import Script
 from .prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from .prometheus import prometheus_text
@@ -223,6 +223,7 @@ responses = generation_handler(ResponsesAdapter, "responses")
 async def count_tokens(request: Request) -> Response:
     engine = _engine(request)
     turn = parse_messages_request(await read_json(request), for_counting=True, signer=request.app.state.signer)
+    request_methods(turn)  # a malformed 'jumpahead' object is the same 400 as on /v1/messages
     prompt = await asyncio.to_thread(render_prompt, engine.tokenizer, turn)
     return JSONResponse({"input_tokens": len(prompt)})
 

@@ -169,6 +169,9 @@ def test_anthropic_non_streaming_stop_sequence_count_tokens_and_model_generation
         assert counted.input_tokens == final.usage.input_tokens + final.usage.cache_read_input_tokens
         r = httpx.post(f"{url}/v1/messages/count_tokens", json={"messages": []})
         assert r.status_code == 400 and r.json()["type"] == "error"
+        for bad in ([[[1]]], "echo", {"methods": 3}):  # the 'jumpahead' object is checked as on /v1/messages
+            r = httpx.post(f"{url}/v1/messages/count_tokens", json={"messages": messages, "jumpahead": bad})
+            assert r.status_code == 400 and "jumpahead" in r.json()["error"]["message"], (bad, r.text)
         assert httpx.get(f"{url}/health").json()["script"]["served"] == 2  # count_tokens consumed none
     with serve(engine) as url:  # no script: the model writes (the default model is weak; any text will do)
         client = anthropic.Anthropic(base_url=url, api_key="dummy", max_retries=0, timeout=300)
