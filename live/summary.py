@@ -168,7 +168,7 @@ def turn_account(turn: dict[str, Any], plain_s: float | None) -> dict[str, float
     share = propose_s / len(rounds) if rounds else 0.0
     cost = price(supplied, carried, [share] * len(carried), plain_s,
                  other_s=propose_s - share * len(carried) + hooks / 1000)
-    return {"supplied": supplied, "D_s": cost.D_s, "P_s": cost.P_s if carried else 0.0, "H_s": cost.H_s,
+    return {"supplied": supplied, "D_s": cost.D_s, "P_s": cost.P_s, "H_s": cost.H_s,
             "model_s": turn_model_s(turn), "plain_units": supplied + len(carried) if plain_s else 0}
 
 

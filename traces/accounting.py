@@ -11,11 +11,11 @@ interventions here, so each quantity has one definition:
 
 At task level (live runs only; a replayed turn's continuation is fixed by the record):
 
-- time to success under a retry budget: an attempt that fails costs its model time,
-  and the task is retried on the ordinary arm (the stated rule: a failed attempt is
-  redone ordinarily, at the ordinary arm's measured model time on the same task),
-  up to `retries` times; a task the ordinary arm never solves has no time to success.
-  So a fast failure never lowers the time to success: it adds to it.
+- time to success under a retry budget of one redo: an attempt that fails costs its
+  model time, and the task is redone on the ordinary arm (the stated rule: at the
+  ordinary arm's measured model time on the same task, which solved it); a task the
+  ordinary arm does not solve either has no time to success. So a fast failure never
+  lowers the time to success: it adds to it.
 - R (recovery) = what the measured paired saving leaves unexplained by D - P - H:
   R = (D - P - H) - (ordinary time to success - arm time to success). It is not
   clamped (noise moves it both ways; its CI says how far), and every arm pays it, not
@@ -28,23 +28,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-RETRIES = 1  # the predefined retry budget: one ordinary redo after a failed attempt
+RETRIES = 1  # the predefined retry budget: one ordinary redo after a failed attempt (0: none)
 
 
 @dataclass(frozen=True)
 class DPH:
-    """An intervention's (or a turn's, a task's) decode avoided, carrying and proposing cost."""
+    """An intervention's (or a turn's) decode avoided, carrying and proposing cost."""
 
     D_s: float = 0.0
     P_s: float = 0.0
     H_s: float = 0.0
-
-    @property
-    def gain_s(self) -> float:
-        return self.D_s - self.P_s - self.H_s
-
-    def __add__(self, other: DPH) -> DPH:
-        return DPH(self.D_s + other.D_s, self.P_s + other.P_s, self.H_s + other.H_s)
 
 
 def price(good_tokens: int, carried_round_s: Sequence[float], carried_propose_s: Sequence[float],
@@ -61,9 +54,9 @@ def price(good_tokens: int, carried_round_s: Sequence[float], carried_propose_s:
 
 def time_to_success(model_s: float, success: bool, ordinary_model_s: float | None, ordinary_success: bool,
                     retries: int = RETRIES) -> float | None:
-    """Model seconds until the task is solved: the attempt, then (failed) up to
-    `retries` ordinary redos of `ordinary_model_s` each; None where the budget does
-    not reach a success (the ordinary arm does not solve the task either)."""
+    """Model seconds until the task is solved: the attempt, then (failed, and
+    `retries` >= 1) one ordinary redo of `ordinary_model_s`, which solves it where the
+    ordinary arm did; None where the budget does not reach a success."""
     if success:
         return model_s
     if retries < 1 or not ordinary_success or ordinary_model_s is None:

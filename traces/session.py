@@ -9,7 +9,8 @@ policies' tests read only this.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import copy
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from jumpahead.core.turn import Message, Tool, ToolCall, ToolChoice, Turn
@@ -73,7 +74,7 @@ class Session:
     def to_dict(self) -> dict[str, Any]:
         """The session as JSON values; its messages in the one JSON form of a Message
         (traces/turn_json.py), which recorded trace contexts use too."""
-        out = {k: v for k, v in asdict(self).items() if k != "messages"}
+        out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != "messages"}
         out["messages"] = [message_to_json(m) for m in self.messages]
         return out
 
