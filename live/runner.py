@@ -7,13 +7,19 @@ arms, in an order rotated by i, before seed i+1, so drift on a shared machine hi
 arms alike; `--concurrency K` keeps K jobs in flight. After each task the runner joins
 the server's trace of that task's session (one trace file per task) onto the agent's
 turns (prefill/decode seconds, rounds), appends the record to `tasks.jsonl`, and at the
-end writes `summary.json` (live/summary.py) and `report.html` (live/report.py).
+end writes `summary.json` (live/summary.py) and `report.html` (live/report.py). The
+summary's `run` records the command line (for a run started through `run_live`, the
+equivalent command), the model the servers report and the machine: the research
+write-up (`jumpahead write-up`, live/writeup.py) states them with every table and figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
+import shlex
 import shutil
 import sys
 import tempfile
@@ -77,6 +83,66 @@ class LiveOptions:
     keep_workspaces: bool = False
     resume: bool = False  # keep the records OUT/tasks.jsonl holds; run the other jobs
     quiet: bool = False
+    command: str | None = None  # the command line that started the run (None: run_live called directly)
+
+
+ENV_RECORDED = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")  # settings that change the timings
+
+
+def command_line(args: argparse.Namespace, out: Path) -> str:
+    """The `jumpahead live` command line of `args` (the options that differ from their
+    defaults, plus --tasks, --arms and the effective --out), behind the thread settings
+    of the environment: what the write-up states as the command that made the run."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    parts = [f"{k}={os.environ[k]}" for k in ENV_RECORDED if k in os.environ] + ["jumpahead", "live"]
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        flag, value = action.option_strings[0], getattr(args, action.dest, action.default)
+        if action.dest == "out":
+            parts += [flag, str(out)]
+        elif isinstance(action, argparse._StoreTrueAction):
+            parts += [flag] if value else []
+        elif isinstance(action, argparse._AppendAction):
+            parts += [f"{flag}={v}" for v in value or []]
+        elif value != action.default or action.dest in ("tasks", "arms"):
+            parts += [flag, str(value)]
+    return shlex.join(parts)
+
+
+def equivalent_command(o: LiveOptions) -> str:
+    """A `jumpahead live` command line that runs what `o` runs (for runs started through
+    run_live, which has no command line); seeds outside one split's range are named in a
+    trailing comment."""
+    from .world import SPLIT_SIZE, split_seeds
+
+    parts = ["jumpahead", "live", "--tasks", str(len(o.seeds)), "--arms", ",".join(a.name for a in o.arms)]
+    for flag, value in (("--adapter", o.adapter), ("--model", o.model),
+                        ("--kinds", ",".join(o.kinds) if o.kinds else None)):
+        parts += [flag, value] if value else []
+    split = "heldout" if o.seeds and o.seeds[0] >= SPLIT_SIZE else "train"
+    offset = (o.seeds[0] % SPLIT_SIZE) if o.seeds else 0
+    consecutive = o.seeds == split_seeds(split, offset + len(o.seeds))[offset:]
+    parts += ["--seed-split", split] + (["--seed-offset", str(offset)] if offset else [])
+    parts += ["--concurrency", str(o.concurrency)] if o.concurrency != 1 else []
+    if o.agent is not None:
+        parts += ["--max-steps", str(o.agent.max_steps), "--max-tokens", str(o.agent.max_tokens),
+                  "--task-timeout", f"{o.agent.timeout_s:g}"]
+        parts += ["--temperature", f"{o.agent.temperature:g}"] if o.agent.temperature else []
+    parts += [f"--serve-arg={a}" for a in o.serve_args] + ["--out", str(o.out)]
+    text = shlex.join(parts)
+    return text if consecutive else f"{text}  # seeds {', '.join(map(str, o.seeds))}"
+
+
+def machine() -> dict[str, Any]:
+    """The machine the run ran on (the write-up states it under the limits)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count()
+    return {"cpus": cpus, "platform": platform.platform(), "arch": platform.machine(),
+            "env": {k: os.environ[k] for k in ENV_RECORDED if k in os.environ}}
 
 
 def jobs(seeds: list[int], arms: list[Any]) -> list[tuple[int, Any]]:
@@ -92,6 +158,17 @@ def _task_for(seed: int, index: int, kinds: list[str] | None) -> Any:
     from .world import make_task
 
     return make_task(seed, kinds[index % len(kinds)] if kinds else None)
+
+
+def _served(server: Any) -> dict[str, Any] | None:
+    """The model, adapter, device and BLAS a server reports on /health (None if it does not answer)."""
+    import httpx
+
+    try:
+        health = httpx.get(server.url + "/health", timeout=10).json()
+    except Exception:  # noqa: BLE001 - a description, never a reason to fail the run
+        return None
+    return {k: health.get(k) for k in ("model", "adapter", "device", "blas")}
 
 
 def _join_trace(record: Any, path: Path, wait_s: float = 5.0) -> None:
@@ -121,6 +198,7 @@ class Run:
         self.records: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self.servers: dict[str, Any] = {}
+        self.served: dict[str, Any] = {}  # what the first server up reports (/health): model, device
         self.done = 0
 
     def log(self, text: str) -> None:
@@ -147,6 +225,7 @@ class Run:
             server = ServerProcess(args, self.out / "servers" / f"{arm.slug}.log", start_timeout=SERVE_START_TIMEOUT_S)
             with self._lock:
                 self.servers[arm.name] = server
+                self.served.setdefault("model", _served(server))
             self.log(f"live: server for {arm.name} up in {time.monotonic() - t0:.1f} s ({' '.join(args)})")
 
         with ThreadPoolExecutor(max_workers=min(STARTING_AT_ONCE, len(self.o.arms))) as pool:
@@ -202,11 +281,19 @@ class Run:
                      f"{len(record.turns)} turns")
         return doc
 
+    def _earlier_run(self) -> dict[str, Any]:
+        """The `run` section of the summary an earlier pass wrote ({} when none)."""
+        try:
+            run = json.loads((self.out / "summary.json").read_text())["run"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}
+        return run if isinstance(run, dict) else {}
+
     def _earlier_wall_s(self) -> float:
         """The run wall time the summary of earlier passes recorded (0 when none)."""
         try:
-            return float(json.loads((self.out / "summary.json").read_text())["run"]["wall_s"])
-        except (OSError, ValueError, KeyError, TypeError):
+            return float(self._earlier_run()["wall_s"])
+        except (KeyError, ValueError, TypeError):
             return 0.0
 
     def run(self) -> dict[str, Any]:
@@ -259,6 +346,11 @@ class Run:
                           "arms": {a.name: {"serve_args": a.serve_args(), "request": a.request_field(),
                                             "oracle": a.oracle} for a in self.o.arms},
                           "agent": vars(self.o.agent) if self.o.agent is not None else None,
+                          "command": self.o.command or equivalent_command(self.o),
+                          "command_source": "command line" if self.o.command else "run_live options",
+                          "served": self.served.get("model") or self._earlier_run().get("served"),
+                          "machine": machine(),
+                          "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
                           # every pass's wall time: a --resume pass adds to the earlier ones
                           "wall_s": round(earlier_s + time.perf_counter() - started, 3)}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -308,7 +400,7 @@ def run(args: argparse.Namespace) -> int:
     summary = run_live(LiveOptions(arms=arms, seeds=seeds, kinds=kinds, out=out, adapter=args.adapter,
                                    model=args.model, concurrency=args.concurrency, agent=agent,
                                    serve_args=list(args.serve_arg), keep_workspaces=args.keep_workspaces,
-                                   resume=args.resume))
+                                   resume=args.resume, command=command_line(args, out)))
     table = {arm: {"success": s["success_rate"], "ci95": s["success_ci95"],
                    "wall_s_median": s["wall_s_all"].get("median"), "net_s": s["totals"]["net_s"]}
              for arm, s in summary["per_arm"].items()}

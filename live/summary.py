@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 import numpy as np
@@ -248,7 +248,11 @@ def summarize(records: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
         out_arms[arm] = _arm_summary(arm, recs, base, accounts[arm], pooled_cost, plain_rounds(list(base.values())),
                                      plain_s)
     seeds = sorted({int(r["seed"]) for r in records})
+    per_seed = {int(r["seed"]): r for r in records}  # a seed's task is the same in every arm
+    tasks = {key: dict(sorted(Counter(str(r.get(key, "unknown")) for r in per_seed.values()).items()))
+             for key in ("kind", "steps")}
     return {"kind": "jumpahead.live.summary", "version": 2, "arms": arms, "seeds": seeds, "retries": RETRIES,
+            "bootstrap_resamples": BOOTSTRAP, "tasks": tasks,
             "plain_round_s": round(plain_s, 6) if plain_s else None,
             "pooled_cost_per_recovery_s": round(pooled_cost, 6) if pooled_cost is not None else None,
             "per_arm": out_arms, "accounts": {a: list(accounts[a].values()) for a in arms},

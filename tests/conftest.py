@@ -56,3 +56,20 @@ def client(base_url):
     """An openai SDK client of base_url (no retries); its tests are skipped without the openai package."""
     openai = pytest.importorskip("openai")
     return openai.OpenAI(base_url=f"{base_url}/v1", api_key="dummy", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def live_run(tmp_path_factory):
+    """A `jumpahead live` run of 2 held-out tasks in the ordinary and oracle-jump arms
+    through real servers of the default model (no adapter: the tasks fail; short turns):
+    its output folder and summary. Shared by tests/test_live_runner.py and
+    tests/test_writeup.py, so a session that runs both runs it once."""
+    from jumpahead.live.agent import AgentOptions
+    from jumpahead.live.arms import parse_live_arms
+    from jumpahead.live.runner import LiveOptions, run_live
+    from jumpahead.live.world import split_seeds
+
+    out = tmp_path_factory.mktemp("live") / "run"
+    summary = run_live(LiveOptions(arms=parse_live_arms("oracle-jump"), seeds=split_seeds("heldout", 2), out=out,
+                                   quiet=True, agent=AgentOptions(max_steps=2, max_tokens=6, timeout_s=60)))
+    return out, summary

@@ -237,19 +237,13 @@ def test_cli_unknown_arm_and_kind(capsys) -> None:
 
 
 @pytest.mark.timeout(400)
-def test_two_tasks_two_arms_through_real_servers(tmp_path) -> None:
+def test_two_tasks_two_arms_through_real_servers(live_run) -> None:
     """The default model without an adapter fails the tasks: what is checked is the
     accounting (pairing, every task recorded, failures in time over all, the summary's
-    arithmetic from the per-task records, ordered CI bounds)."""
-    from jumpahead.live.agent import AgentOptions
-    from jumpahead.live.runner import LiveOptions, run_live
-    from jumpahead.live.world import split_seeds
-
-    arms = parse_live_arms("oracle-jump")
-    seeds = split_seeds("heldout", 2)
-    out = tmp_path / "run"
-    summary = run_live(LiveOptions(arms=arms, seeds=seeds, out=out, quiet=True,
-                                   agent=AgentOptions(max_steps=2, max_tokens=6, timeout_s=60)))
+    arithmetic from the per-task records, ordered CI bounds). The run is conftest.py's
+    `live_run` (tests/test_writeup.py writes its write-up)."""
+    out, summary = live_run
+    arms, seeds = parse_live_arms(summary["arms"]), summary["seeds"]
     lines = [json.loads(x) for x in (out / "tasks.jsonl").read_text().splitlines()]
     assert sorted((r["arm"], r["seed"]) for r in lines) == sorted((a.name, s) for a in arms for s in seeds)
     assert json.loads((out / "summary.json").read_text())["per_arm"].keys() == summary["per_arm"].keys()

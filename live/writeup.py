@@ -1,0 +1,297 @@
+"""`jumpahead write-up`: the research write-up (docs/research.md) from a live run's summary.
+
+`jumpahead write-up --run DIR --out docs/research.md` reads DIR/summary.json (the
+summary `jumpahead live` writes, live/summary.py; DIR may also be the JSON file itself),
+copies it next to the page (docs/research/summary.json: sorted keys, indented; without
+its per-task `accounts` when the whole would pass COPY_LIMIT bytes), draws the figures
+as SVG into the same folder (live/writeup_figures.py) and writes the page.
+
+The page is a pure function of that copy and of the definitions it quotes from
+traces/accounting.py's docstring: every number is read from the JSON and every sentence
+that compares arms is computed from it (live/writeup_text.py), so building again from
+docs/research/summary.json gives the same page (tests/test_writeup.py checks the
+committed one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import writeup_text as wt
+
+COPY_LIMIT = 200_000  # bytes of the pretty-printed summary above which `accounts` is left out of the copy
+DEFAULT_OUT = "docs/research.md"
+
+MECHANISMS: dict[str, str] = {
+    "strict fill": "Template and grammar tokens that the chat template or the request's grammar fixes (a tool "
+                   "call's opening markers, JSON punctuation) are proposed without sampling and kept only where the "
+                   "model's own sampler picks them, so the output equals ordinary decoding (engine/strict.py, "
+                   "engine/scaffold.py, engine/grammar.py). Arms: `strict`, and `default` with echo.",
+    "echo": "Spans the context already holds (a file's text the agent read, the task's wording) are copied from "
+            "the longest recent match of the output's suffix and verified by the model like speculative "
+            "decoding; the span adapts to the row's acceptance (engine/echo.py). Exact. Arms: `echo`, `default`.",
+    "online jumps": "Once the model has opened a tool call and fixed its destination, and the context already "
+                    "holds the complete literal content of the remaining arguments, the rest of the call is "
+                    "appended unverified as `jump` tokens in the model's own format; the model samples again "
+                    "after the call's end marker (policies/jump.py `Jump`, policies/jump_plan.py, "
+                    "policies/jump_sources.py). Arm: `jump`.",
+    "oracle jumps": "The same jump, driven by hindsight: in a live run the task's ideal calls travel with each "
+                    "request, and at a tool name or argument key the ideal call that continues what the model has "
+                    "written is the oracle; only content present before the jump point is supplied "
+                    "(live/oracle.py `LiveOracleJump` over policies/jump.py `OracleJump`). An upper bound for "
+                    "jumps that are always right. Arm: `oracle-jump`.",
+    "mistaken jumps": "The same jumps with a fraction of them perturbed deterministically (a wrong path, "
+                      "truncated content, another file's content), to measure whether and at what cost the agent "
+                      "notices and recovers (policies/jump.py `MistakenJump`; with `base=oracle`, live/oracle.py "
+                      "`LiveMistakenJump`). Arms: `mistaken-jump:rate=R[,base=oracle]`.",
+    "compaction": "A context rewrite rather than supplied tokens: the reasoning of finished tool steps becomes a "
+                  "compact account, replayed byte for byte at later turns and committed only when the tokens it "
+                  "removes pay for the re-prefill (policies/compaction.py, policies/sticky.py, "
+                  "policies/account.py). It supplies nothing, so its D is 0 and any change shows in the measured "
+                  "time. Arm: `compaction`.",
+}
+MECHANISM_OF_PART = {"strict": "strict fill", "echo": "echo", "default": "echo + checked strict fill (server default)",
+                     "ngram": "n-gram proposals", "draft": "draft model", "jump": "online jumps",
+                     "oracle-jump": "oracle jumps", "mistaken-jump": "mistaken jumps", "compaction": "compaction",
+                     "ordinary": "none (ordinary decoding)"}
+
+
+# --- the summary and its copy ----------------------------------------------------------------
+
+
+def load_summary(run: Path) -> dict[str, Any]:
+    """The summary of a live run: DIR/summary.json, or `run` itself when it is a file."""
+    path = run / "summary.json" if run.is_dir() else run
+    summary = json.loads(path.read_text())
+    if not isinstance(summary, dict) or "per_arm" not in summary:
+        raise ValueError(f"{path} is not a live run's summary (no per_arm)")
+    return summary
+
+
+def copy_text(summary: dict[str, Any]) -> str:
+    """The summary as the write-up keeps it: sorted keys, indented; without the per-task
+    `accounts` when the whole is larger than COPY_LIMIT bytes."""
+    text = json.dumps(summary, indent=1, sort_keys=True) + "\n"
+    if len(text.encode()) > COPY_LIMIT and "accounts" in summary:
+        text = json.dumps({k: v for k, v in summary.items() if k != "accounts"}, indent=1, sort_keys=True) + "\n"
+    return text
+
+
+# --- the page --------------------------------------------------------------------------------
+
+
+def command_of(summary: dict[str, Any]) -> str:
+    """The command that made the run, as the run recorded it (or its options where the
+    runner of that run did not record one)."""
+    run = summary.get("run") or {}
+    if run.get("command"):
+        return str(run["command"])
+    arms = ",".join(wt.arms_of(summary))
+    return (f"jumpahead live --tasks {run.get('tasks_per_arm', len(summary.get('seeds', [])))} --arms {arms}"
+            + (f" --adapter {run['adapter']}" if run.get("adapter") else "")
+            + "  # reconstructed: this run's runner did not record its command line")
+
+
+def _caption(kind: str, n: int, text: str, command: str) -> str:
+    return f"*{kind} {n}. {text} Run: `{command}`.*"
+
+
+def _run_section(summary: dict[str, Any], command: str) -> list[str]:
+    run = summary.get("run") or {}
+    agent, served, mach = run.get("agent") or {}, run.get("served") or {}, run.get("machine") or {}
+    seeds = summary.get("seeds") or run.get("seeds") or []
+    tasks = summary.get("tasks") or {}
+    source = {"command line": "as the runner recorded its command line",
+              "run_live options": "the runner's equivalent of the options run_live was called with"}
+    how = source.get(run.get("command_source"), "not recorded by its runner: reconstructed from the summary")
+    lines = ["## The run", "", f"The command that made the run ({how}):", "",
+             "```sh", command, "```", ""]
+    facts = [f"tasks per arm: {wt.num(run.get('tasks_per_arm', len(seeds)))}, the same seeds in every arm"
+             + (f" ({wt.num(seeds[0])} to {wt.num(seeds[-1])})" if seeds else ""),
+             f"arms: {wt.num(len(wt.arms_of(summary)))} ({', '.join(f'`{a}`' for a in wt.arms_of(summary))})"]
+    if tasks.get("kind"):
+        facts.append("task kinds: " + ", ".join(f"{k} {wt.num(n)}" for k, n in tasks["kind"].items()))
+    if tasks.get("steps"):
+        facts.append("ideal solutions: " + ", ".join(
+            f"{wt.num(n)} tasks of {k} tool call(s)" for k, n in tasks["steps"].items()))
+    if agent:
+        facts.append(f"agent: at most {wt.num(agent.get('max_steps'))} model turns and "
+                     f"{wt.num(agent.get('max_tokens'))} "
+                     f"tokens per turn, {wt.num(agent.get('timeout_s'), 0)} s per task, temperature "
+                     f"{wt.num(agent.get('temperature'), 1)}")
+    facts.append(f"model: {served.get('model') or run.get('model') or 'the default model'}"
+                 + (f", adapter {run['adapter']}" if run.get("adapter") else ", no adapter")
+                 + (f", device {served['device']}" if served.get("device") else ""))
+    if mach:
+        facts.append(f"machine: {wt.num(mach.get('cpus'))} CPU cores, {mach.get('platform')}"
+                     + "".join(f", {k}={v}" for k, v in (mach.get("env") or {}).items()))
+    facts.append(f"tasks in flight: {wt.num(run.get('concurrency'))}; run wall time {wt.num(run.get('wall_s'), 1)} s"
+                 + (f", finished {run['finished_utc']} UTC" if run.get("finished_utc") else ""))
+    facts.append(f"plain round (the ordinary arm's median one-token decode round): "
+                 f"{wt.num(summary.get('plain_round_s'), 4)} s")
+    lines += [f"- {f}" for f in facts] + ["", "Arms of this run (live/arms.py):", ""]
+    lines += ["| arm | mechanism | server options | per-request `jumpahead` field | oracle calls sent |",
+              "|---|---|---|---|---|"]
+    arms = run.get("arms") or {}
+    for arm in wt.arms_of(summary):
+        a = arms.get(arm) or {}
+        parts = [p.split(":")[0] for p in arm.split("+")]
+        mech = " + ".join(MECHANISM_OF_PART.get(p, f"user arm `{p}`") for p in parts)
+        lines.append(f"| {arm} | {mech} | `{' '.join(a.get('serve_args') or []) or '(none)'}` "
+                     f"| `{json.dumps(a.get('request', {}), sort_keys=True)}` | {'yes' if a.get('oracle') else 'no'} |")
+    return lines + ["", _caption("Table", 1, "The arms.", command), ""]
+
+
+def _mechanism_section(summary: dict[str, Any]) -> list[str]:
+    present = {MECHANISM_OF_PART.get(p.split(":")[0]) for a in wt.arms_of(summary) for p in a.split("+")}
+    present |= {"echo", "strict fill"} if any("default" in a.split("+") for a in wt.arms_of(summary)) else set()
+    lines = ["## The mechanism", ""]
+    for name, text in MECHANISMS.items():
+        where = "an arm of this run" if name in present else "not in this run"
+        lines += [f"**{name[0].upper() + name[1:]}** ({where}). " + text, ""]
+    return lines
+
+
+def _accounting_section(summary: dict[str, Any]) -> list[str]:
+    from jumpahead.traces import accounting
+
+    doc = (accounting.__doc__ or "").strip()
+    retries = summary.get("retries")
+    lines = ["## The accounting", "",
+             "The definitions, quoted from traces/accounting.py (the one module that forced replay and live runs "
+             "both price interventions with):", ""]
+    lines += [f"> {line}".rstrip() for line in doc.splitlines()] + [""]
+    lines += [f"This run's retry budget: {wt.num(retries)} ordinary redo(s) after a failed attempt." if retries
+              is not None else "This run's summary does not record its retry budget.", "",
+              "How the summary (live/summary.py) reads them off a live turn, as this run recorded it:", ""]
+    lines += [f"- {n}" for n in summary.get("notes", [])] + [""]
+    n = summary.get("bootstrap_resamples")
+    lines += ["Intervals: success rates carry a Wilson score 95% interval; per-task figures are means over the "
+              "seeds where both the arm and the ordinary arm reach a success, with a percentile bootstrap 95% CI "
+              "that resamples the seeds" + (f" ({wt.num(n)} resamples)" if n else "")
+              + "; R's CI also resamples the plain round (the median of a resample of the ordinary arm's one-token "
+                "rounds), since D and P move with it.", ""]
+    return lines
+
+
+def render(summary: dict[str, Any], figs: str = Path(DEFAULT_OUT).stem) -> str:
+    """The Markdown page of `summary`, its figures and summary copy linked under the
+    folder `figs` next to it (the page's name without .md)."""
+    command = command_of(summary)
+    from .writeup_figures import FIGURES
+
+    fig_no = {name: i + 1 for i, name in enumerate(FIGURES)}
+
+    def figure(name: str) -> list[str]:
+        return [f"![{name}]({figs}/{name}.svg)", "", _caption("Figure", fig_no[name], FIGURES[name][1], command), ""]
+
+    cmp = wt.compared(summary)
+    lines = ["# Supplied continuations in a live agent loop: what they replace, what recovery costs", "",
+             f"<!-- generated by `jumpahead write-up` (live/writeup.py) from {figs}/summary.json; "
+             "edit the generator, not this file -->", "",
+             "## The question", "",
+             "How much of a coding agent's decode time can continuations that the runtime supplies, instead of "
+             "sampling them, replace; and what does it cost when a supplied continuation is wrong and the agent "
+             "has to notice and recover? This page answers for one live run: real servers, a minimal agent loop, "
+             "the same tasks in every arm, paired by seed against ordinary decoding.", "",
+             wt.headline(summary), ""]
+    lines += _mechanism_section(summary) + _run_section(summary, command) + _accounting_section(summary)
+    lines += ["## Results", "", wt.results_table(summary), "",
+              _caption("Table", 2, "Per arm: success with its Wilson 95% interval; D, P, H, R and net totals in "
+                       "seconds over the paired seeds; per-task means with bootstrap 95% CIs.", command), ""]
+    lines += figure("success") + figure("dphr") + figure("saving")
+    lines += ["Against the ordinary arm:", ""] + [f"- {wt.success_sentence(summary, a)}" for a in cmp]
+    lines += [f"- {wt.saving_sentence(summary, a)}" for a in cmp]
+    lines += [f"- {wt.r_sentence(summary, a)}" for a in cmp] + [""]
+    lines += ["## Ground truth", "",
+              "Each call is judged by its effect on the workspace against the state the task's ideal solution "
+              "leaves (live/ground_truth.py), not by its result text: `right`, `harmless` (changed nothing, did "
+              "not fail) or `wrong` (a silent wrong write, an extra or deleted file, an error, a non-zero exit); a "
+              "task with a wrong call is `recovered` when a later call puts the files back, `unnoticed` when no "
+              "later call touches them, else `unrecovered`.", "", wt.truth_table(summary), "",
+              _caption("Table", 3, "Ground truth per arm.", command), ""]
+    lines += [f"- {wt.truth_sentence(summary, a)}" for a in wt.arms_of(summary)] + [""]
+    lines += ["## Recovery and break-even", "",
+              "A jump is wrong when its policy perturbed it or a call of its turn is wrong by the ground truth. "
+              "Recovery frequency = wrong jumps / jumps; cost per recovery = R of the tasks with a wrong jump / "
+              "wrong jumps (pooled over arms where an arm has no measured one); break-even frequency = "
+              "(D - P - H) / (jumps x cost per recovery): the share of wrong jumps at which their cost would cancel "
+              "what the jumps save.", "", wt.recovery_table(summary), "",
+              _caption("Table", 4, "Recovery per arm that made jumps.", command), ""]
+    lines += figure("recovery")
+    lines += [f"- {s}" for s in (wt.breakeven_sentence(summary, a) for a in wt.arms_of(summary)) if s] + [""]
+    lines += _limits_section(summary) + ["## Reproduce", "", "```sh", command,
+                                         "jumpahead write-up --run OUT --out PAGE.md", "```", "",
+                                         f"OUT is the run's `--out` folder and PAGE.md this page (here PAGE is "
+                                         f"`{figs}`); `--run {figs}/summary.json`, the copy next to this page, "
+                                         "rebuilds the page and its figures.", ""]
+    return "\n".join(lines)
+
+
+def _limits_section(summary: dict[str, Any]) -> list[str]:
+    run = summary.get("run") or {}
+    served, mach, agent = run.get("served") or {}, run.get("machine") or {}, run.get("agent") or {}
+    steps = (summary.get("tasks") or {}).get("steps") or {}
+    unsolved = {a: summary["per_arm"][a].get("unsolved_pairs", 0) for a in wt.arms_of(summary)}
+    model = served.get("model") or run.get("model") or "the default model"
+    lines = ["## Limits", "",
+             f"- One small model: {model}"
+             + (f" with the `{run['adapter']}` LoRA adapter" if run.get("adapter") else "")
+             + (f", on {wt.num(mach['cpus'])} CPU cores" if mach.get("cpus") else "")
+             + ". Round times, and so D, P and H, are this machine's; a larger model on an accelerator has another "
+               "plain round and another cost of carrying supplied tokens.",
+             "- A synthetic task world (live/world.py): small file edits and commands with an independent check "
+             "on the workspace, not real repositories.",
+             "- Short tasks: "
+             + (f"the ideal solutions need {' or '.join(steps)} tool call(s)" if steps
+                else "the task kinds of live/world.py")
+             + (f", at most {wt.num(agent.get('max_steps'))} model turns per task" if agent.get("max_steps") else "")
+             + "; long, reasoning-heavy tasks may change every figure here.",
+             f"- Time to success prices a failure with {wt.num(summary.get('retries'))} ordinary redo(s) (the retry "
+             "budget); pairs neither side solves within it are left out of the paired figures: "
+             + ", ".join(f"`{a}` {wt.num(n)}" for a, n in unsolved.items()) + ".",
+             f"- {wt.num(len(summary.get('seeds') or []))} seeds per arm: the CIs above are as wide as that allows.",
+             ""]
+    return lines
+
+
+def build(run: Path, out: Path) -> dict[str, Path]:
+    """Write the page, its figures and the summary copy; the paths written by name."""
+    from .writeup_figures import write_figures
+
+    summary = json.loads(copy_text(load_summary(run)))
+    folder = out.parent / out.stem
+    folder.mkdir(parents=True, exist_ok=True)
+    copy = folder / "summary.json"
+    copy.write_text(copy_text(summary))
+    paths = {"summary": copy, **write_figures(summary, folder, command_of(summary))}
+    out.write_text(render(summary, out.stem))
+    return {"page": out, **paths}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--run", required=True, metavar="DIR",
+                        help="a `jumpahead live` output folder (its summary.json), or a summary JSON file "
+                             "(e.g. docs/research/summary.json to rebuild from the copy)")
+    parser.add_argument("--out", default=DEFAULT_OUT, metavar="FILE.md",
+                        help=f"the page to write; figures and the summary copy go to the folder of its name "
+                             f"(default: {DEFAULT_OUT}, docs/research/)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("jumpahead write-up: the figures need matplotlib: pip install -e '.[research]'", file=sys.stderr)
+        return 2
+    try:
+        paths = build(Path(args.run), Path(args.out))
+    except (OSError, ValueError) as exc:
+        print(f"jumpahead write-up: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: str(v) for k, v in paths.items()}, indent=1))
+    return 0

@@ -1,0 +1,241 @@
+"""The write-up's numbers and computed sentences: tables and comparisons of a live run's
+summary (live/summary.py), each a pure function of the summary dict.
+
+Nothing here types a number: every figure is read from the summary, and every sentence
+that compares arms (an R whose CI covers 0, a saving whose CI lies above 0, a recovery
+frequency under its break-even) is decided from the data, so the same code gives the
+opposite sentence when the data say the opposite (tests/test_writeup.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+BASELINE = "ordinary"
+
+
+# --- formatting --------------------------------------------------------------------------
+
+
+def num(value: Any, nd: int = 2) -> str:
+    """A number as the write-up prints it (`nd` decimals for floats; "n/a" for None)."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool) or isinstance(value, int):
+        return str(int(value))
+    return f"{float(value):.{nd}f}"
+
+
+def sec(value: Any, nd: int = 2) -> str:
+    """Seconds (a float even where the summary holds an integer 0)."""
+    return "n/a" if value is None else num(float(value), nd)
+
+
+def ci(d: dict[str, Any] | None, nd: int = 2) -> str:
+    """A bootstrap entry ({mean, lo, hi}) as "mean (lo to hi)"; "n/a" without a mean."""
+    if not d or d.get("mean") is None:
+        return "n/a"
+    return f"{sec(d['mean'], nd)} ({sec(d['lo'], nd)} to {sec(d['hi'], nd)})"
+
+
+def per_task(d: dict[str, Any]) -> str:
+    """A bootstrap entry in a sentence: "m s per task (95% CI lo to hi)"."""
+    return f"{sec(d['mean'])} s per task (95% CI {sec(d['lo'])} to {sec(d['hi'])})"
+
+
+def solved(s: dict[str, Any]) -> str:
+    """Successes / tasks with the Wilson interval."""
+    lo, hi = s["success_ci95"]
+    return f"{s['successes']}/{s['tasks']} ({num(lo)} to {num(hi)})"
+
+
+def where(d: dict[str, Any] | None) -> str | None:
+    """Where a CI lies against 0: "above", "below", "covers", or None (no CI)."""
+    if not d or d.get("lo") is None or d.get("hi") is None:
+        return None
+    if d["lo"] > 0:
+        return "above"
+    if d["hi"] < 0:
+        return "below"
+    return "covers"
+
+
+def arms_of(summary: dict[str, Any]) -> list[str]:
+    """The arms in the summary's order."""
+    return list(summary.get("arms") or summary.get("per_arm", {}))
+
+
+def compared(summary: dict[str, Any]) -> list[str]:
+    """The arms measured against the ordinary arm (every arm but the baseline)."""
+    return [a for a in arms_of(summary) if a != BASELINE and a in summary.get("per_arm", {})]
+
+
+# --- tables ------------------------------------------------------------------------------
+
+
+def results_table(summary: dict[str, Any]) -> str:
+    """The per-arm results (BENCHMARKS.md's live A/B table): success with its Wilson CI,
+    D/P/H/R and net totals over the paired seeds, per-task bootstrap CIs."""
+    lines = ["| arm | solved (95% CI) | D s | P s | H s | R s | net s | time to success saved / task (CI) "
+             "| R / task (CI) | net / task (CI) | paired seeds (unsolved pairs) | jumps (wrong) |",
+             "|" + "---|" * 12]
+    for arm in arms_of(summary):
+        s = summary["per_arm"][arm]
+        t, rec = s["totals"], s.get("recovery", {})
+        lines.append("| " + " | ".join([
+            arm, solved(s), *(sec(t.get(k)) for k in ("D_s", "P_s", "H_s", "R_s", "net_s")),
+            ci(s.get("tts_s_saved_per_task")), ci(s.get("R_s_per_task")), ci(s.get("net_s_per_task")),
+            f"{t.get('tasks', 0)} ({s.get('unsolved_pairs', 0)})",
+            f"{rec.get('jump_interventions', 0)} ({rec.get('wrong', 0)})"]) + " |")
+    return "\n".join(lines)
+
+
+def truth_table(summary: dict[str, Any]) -> str:
+    """Calls by their ground-truth label and wrong-call tasks by what followed, per arm."""
+    lines = ["| arm | calls right | harmless | wrong | wrong-call tasks recovered | unrecovered | unnoticed |",
+             "|" + "---|" * 7]
+    for arm in arms_of(summary):
+        gt = summary["per_arm"][arm].get("ground_truth", {})
+        calls, tasks = gt.get("calls", {}), gt.get("tasks", {})
+        lines.append("| " + " | ".join([arm, *(num(calls.get(k)) for k in ("right", "harmless", "wrong")),
+                                        *(num(tasks.get(k)) for k in ("recovered", "unrecovered", "unnoticed"))])
+                     + " |")
+    return "\n".join(lines)
+
+
+def recovery_table(summary: dict[str, Any]) -> str:
+    """Jumps, wrong jumps, recovery frequency, cost per recovery and break-even, per arm
+    that made jumps."""
+    lines = ["| arm | jumps | wrong | recovery frequency | cost per recovery s (from) | break-even frequency |",
+             "|" + "---|" * 6]
+    for arm in arms_of(summary):
+        rec = summary["per_arm"][arm].get("recovery", {})
+        if not rec.get("jump_interventions"):
+            continue
+        source = f" ({rec['cost_source']})" if rec.get("cost_source") else ""
+        lines.append("| " + " | ".join([arm, num(rec["jump_interventions"]), num(rec.get("wrong")),
+                                        num(rec.get("frequency"), 3),
+                                        sec(rec.get("cost_per_recovery_s")) + source,
+                                        num(rec.get("breakeven_frequency"), 3)]) + " |")
+    if len(lines) == 2:
+        return "No arm of this run made a jump intervention."
+    return "\n".join(lines)
+
+
+# --- sentences that compare arms -----------------------------------------------------------
+
+
+def success_sentence(summary: dict[str, Any], arm: str) -> str:
+    """The arm's success against the ordinary arm's: overlap of the Wilson CIs, and the
+    seeds only one of the two solved."""
+    s, base = summary["per_arm"][arm], summary["per_arm"].get(BASELINE)
+    if base is None:
+        return f"`{arm}` solved {solved(s)}; the run has no ordinary arm to compare with."
+    (lo, hi), (blo, bhi) = s["success_ci95"], base["success_ci95"]
+    overlap = lo <= bhi and blo <= hi
+    vs = s.get("success_vs_ordinary", {})
+    return (f"`{arm}` solved {solved(s)} against the ordinary arm's {solved(base)}; the two intervals "
+            + ("overlap, so this run shows no difference in success" if overlap else
+               ("do not overlap: the arm solves " + ("more" if lo > bhi else "fewer") + " tasks"))
+            + f" ({num(vs.get('arm_only', 0))} seeds only the arm solved, "
+              f"{num(vs.get('ordinary_only', 0))} only the ordinary arm).")
+
+
+def saving_sentence(summary: dict[str, Any], arm: str) -> str:
+    """The measured saving in time to success per task: faster, slower or no difference shown."""
+    d = summary["per_arm"][arm].get("tts_s_saved_per_task")
+    side = where(d)
+    if side is None:
+        return f"`{arm}`: no seed where both it and the ordinary arm reach a success, so no saving is measured."
+    text = {"above": "is faster to success than the ordinary arm",
+            "below": "is slower to success than the ordinary arm",
+            "covers": "shows no difference in time to success from the ordinary arm (the CI covers 0)"}[side]
+    return f"`{arm}` {text}: the saving is {per_task(d)} over {num(d['n'])} paired seeds."
+
+
+def r_sentence(summary: dict[str, Any], arm: str) -> str:
+    """Whether D - P - H explains the measured saving: where R's CI lies against 0."""
+    s = summary["per_arm"][arm]
+    d = s.get("R_s_per_task")
+    side = where(d)
+    if side is None:
+        return f"`{arm}`: R is not measured (no paired seed with a time to success on both sides)."
+    head = f"`{arm}`: R is {per_task(d)}"
+    if side == "covers":
+        return f"{head}; its CI covers 0: D - P - H explains the measured saving."
+    if side == "above":
+        return (f"{head}; its CI lies above 0: the measured saving falls short of D - P - H by "
+                f"{sec(d['mean'])} s per task, what recovery, failed attempts and their redos cost.")
+    return (f"{head}; its CI lies below 0: the measured saving exceeds D - P - H by {sec(-d['mean'])} s per "
+            "task, time the accounting does not credit to supplied tokens.")
+
+
+def breakeven_sentence(summary: dict[str, Any], arm: str) -> str | None:
+    """The arm's recovery frequency against its break-even (None for an arm without jumps)."""
+    rec = summary["per_arm"][arm].get("recovery", {})
+    jumps = rec.get("jump_interventions") or 0
+    if not jumps:
+        return None
+    freq, even, cost = rec.get("frequency"), rec.get("breakeven_frequency"), rec.get("cost_per_recovery_s")
+    head = f"`{arm}`: {num(rec.get('wrong', 0))} of {num(jumps)} jumps wrong (frequency {num(freq, 3)})"
+    if cost is None:
+        return f"{head}; no wrong jump had a measured R in this run, so no cost per recovery and no break-even."
+    if even is None:
+        if cost <= 0:
+            return (f"{head}; the measured cost per recovery is {sec(cost)} s (not above 0), "
+                    f"so wrong jumps showed no cost to break even against.")
+        return f"{head}; D - P - H gives no break-even frequency."
+    if even <= 0:
+        return (f"{head}; D - P - H is not above 0, so the jumps do not pay even when all are right "
+                f"(break-even {num(even, 3)}).")
+    if freq is not None and freq < even:
+        return (f"{head}, below the break-even frequency {num(even, 3)}: at this error rate the jumps "
+                f"save more than their wrong ones cost ({sec(cost)} s per recovery).")
+    return (f"{head}, at or above the break-even frequency {num(even, 3)}: at this error rate the wrong "
+            f"jumps cost more than the jumps save ({sec(cost)} s per recovery).")
+
+
+def truth_sentence(summary: dict[str, Any], arm: str) -> str:
+    """The arm's wrong calls and wrong-call tasks against the ordinary arm's."""
+    gt = summary["per_arm"][arm].get("ground_truth", {})
+    calls, tasks = gt.get("calls", {}), gt.get("tasks", {})
+    n_tasks = sum(int(tasks.get(k, 0)) for k in ("recovered", "unrecovered", "unnoticed"))
+    base = summary["per_arm"].get(BASELINE, {}).get("ground_truth", {}).get("calls", {})
+    text = f"`{arm}` made {num(calls.get('wrong', 0))} wrong calls"
+    if arm != BASELINE and base:
+        more = int(calls.get("wrong", 0)) - int(base.get("wrong", 0))
+        text += (f" ({num(abs(more))} {'more' if more > 0 else 'fewer'} than the ordinary arm's "
+                 f"{num(base.get('wrong', 0))})" if more else " (as many as the ordinary arm)")
+    if not n_tasks:
+        return text + "; no task had a wrong call."
+    return (text + f"; of its {num(n_tasks)} tasks with a wrong call, {num(tasks.get('recovered', 0))} recovered, "
+            f"{num(tasks.get('unrecovered', 0))} unrecovered and {num(tasks.get('unnoticed', 0))} never noticed "
+            "(no later call touched the files the wrong call changed).")
+
+
+def headline(summary: dict[str, Any]) -> str:
+    """The answer in two sentences: the arm that saved the most time to success (its CI
+    decides the words), and the arm whose R cost the most."""
+    arms = [a for a in compared(summary) if (summary["per_arm"][a].get("tts_s_saved_per_task") or {}).get("mean")
+            is not None]
+    if not arms:
+        return "No arm has a paired seed with a success on both sides, so this run measures no saving."
+    per = summary["per_arm"]
+    best = max(arms, key=lambda a: per[a]["tts_s_saved_per_task"]["mean"])
+    d, t = per[best]["tts_s_saved_per_task"], per[best]["totals"]
+    base_tts = (per.get(BASELINE, {}).get("tts_s") or {}).get("mean")
+    text = (f"Of the {num(len(arms))} arms measured against ordinary decoding, `{best}` saved the most time to "
+            f"success: {per_task(d)}"
+            + (f" against the ordinary arm's mean time to success of {sec(base_tts)} s" if base_tts else "")
+            + (", a saving whose CI lies above 0" if where(d) == "above" else
+               ", though its CI does not exclude 0" if where(d) == "covers" else ", a loss whose CI lies below 0")
+            + f"; its supplied tokens replaced {sec(t.get('D_s'))} s of decoding (D) over {num(t.get('tasks'))} "
+              f"paired seeds, of which P and H took back {sec((t.get('P_s') or 0) + (t.get('H_s') or 0))} s.")
+    costly = [a for a in arms if where(per[a].get("R_s_per_task")) == "above"]
+    if costly:
+        worst = max(costly, key=lambda a: per[a]["R_s_per_task"]["mean"])
+        text += (f" Recovery cost the most in `{worst}`: R is {per_task(per[worst]['R_s_per_task'])}, "
+                 f"its CI above 0.")
+    else:
+        text += " No arm's R has a CI above 0: no arm paid a measurable recovery cost."
+    return text

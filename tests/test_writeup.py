@@ -1,0 +1,200 @@
+"""`jumpahead write-up`: the research page from a live run's summary.
+
+- From a real run (conftest.py's `live_run`, shared with tests/test_live_runner.py):
+  every arm in the results table with its numbers as the JSON has them, SVG figures,
+  the run's command stated, and a second build byte-identical to the first.
+- The committed docs/research.md is what the generator builds from the committed
+  docs/research/summary.json.
+- Sentences that compare arms follow the data (the page is not a constant).
+- The command line the runner records parses back to the same options.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shlex
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from jumpahead.app.cli import build_parser, main
+from jumpahead.live import writeup_text as wt
+from jumpahead.live.summary import summarize
+from jumpahead.live.writeup import COPY_LIMIT, copy_text, render
+from jumpahead.live.writeup_figures import FIGURES
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _row(page: str, arm: str) -> list[str]:
+    """The cells of the results table's row of `arm` (the first table whose header has 'R s')."""
+    table = page.split("## Results", 1)[1]
+    rows = [line for line in table.splitlines() if line.startswith(f"| {arm} |")]
+    assert rows, f"no row for {arm}"
+    return [c.strip() for c in rows[0].strip("|").split("|")]
+
+
+def _ci(d: dict) -> str:
+    return f"{d['mean']:.2f} ({d['lo']:.2f} to {d['hi']:.2f})" if d.get("mean") is not None else "n/a"
+
+
+@pytest.mark.timeout(400)
+def test_write_up_of_a_real_run(live_run, tmp_path) -> None:
+    pytest.importorskip("matplotlib", reason="the figures need matplotlib (the test extra installs it)")
+    out, summary = live_run
+    first = tmp_path / "a" / "research.md"
+    first.parent.mkdir()
+    assert main(["write-up", "--run", str(out), "--out", str(first)]) == 0
+    page = first.read_text()
+    folder = first.parent / "research"
+    copied = json.loads((folder / "summary.json").read_text())
+    assert copied == json.loads(json.dumps(summary))  # small: the whole summary, as written
+    for arm in summary["arms"]:
+        s = summary["per_arm"][arm]
+        t, rec = s["totals"], s["recovery"]
+        lo, hi = s["success_ci95"]
+        assert _row(page, arm) == [
+            arm, f"{s['successes']}/{s['tasks']} ({lo:.2f} to {hi:.2f})",
+            *(f"{t[k]:.2f}" for k in ("D_s", "P_s", "H_s", "R_s", "net_s")),
+            _ci(s["tts_s_saved_per_task"]), _ci(s["R_s_per_task"]), _ci(s["net_s_per_task"]),
+            f"{t['tasks']} ({s['unsolved_pairs']})", f"{rec['jump_interventions']} ({rec['wrong']})"]
+    command = summary["run"]["command"]
+    assert command.startswith("jumpahead live ") and f"--out {out}" in command
+    # every table and figure states the command that made the run
+    assert page.count(f"Run: `{command}`") == 4 + len(FIGURES)
+    for name in FIGURES:
+        svg = folder / f"{name}.svg"
+        assert f"]({folder.name}/{name}.svg)" in page
+        assert svg.stat().st_size < 100_000
+        root = ET.fromstring(svg.read_bytes())
+        assert root.tag == "{http://www.w3.org/2000/svg}svg"
+        assert "jumpahead live" in svg.read_text()  # the footer carries the command
+    # a second build (through the Python API this time) gives the same bytes
+    from jumpahead.live.writeup import build
+
+    second = tmp_path / "b" / "research.md"
+    second.parent.mkdir()
+    paths = build(out, second)
+    assert set(paths) == {"page", "summary", *FIGURES}
+    for path in paths.values():
+        twin = first.parent / path.relative_to(second.parent)
+        assert path.read_bytes() == twin.read_bytes(), path.name
+    # and rebuilding from the copy gives the same page again
+    third = tmp_path / "c" / "research.md"
+    third.parent.mkdir()
+    build(folder / "summary.json", third)
+    assert third.read_bytes() == first.read_bytes()
+
+
+def test_committed_write_up_is_what_the_generator_builds() -> None:
+    copy_path = ROOT / "docs" / "research" / "summary.json"
+    if not copy_path.exists():
+        pytest.skip("docs/research/summary.json is not committed yet: the lead's live run and "
+                    "`jumpahead write-up --run OUT --out docs/research.md` make it")
+    text = copy_path.read_text()
+    summary = json.loads(text)
+    assert copy_text(summary) == text, "the committed copy is not as the generator writes it"
+    page = (ROOT / "docs" / "research.md").read_text()
+    assert page == render(summary, "research"), (
+        "docs/research.md differs from what live/writeup.py builds from docs/research/summary.json: "
+        "run `jumpahead write-up --run docs/research/summary.json --out docs/research.md`")
+    for name in FIGURES:
+        assert (ROOT / "docs" / "research" / f"{name}.svg").exists(), name
+
+
+# --- sentences follow the data ------------------------------------------------------------
+
+
+def _turn(decode_rounds: list[list], completion: int, sampled: int, interventions: list | None = None) -> dict:
+    fill = {"tokens": {"sampled": sampled, **({"jump": completion - sampled} if completion > sampled else {})},
+            "propose_ms": 1.0, "policies": {"interventions": interventions or []}}
+    return {"wall_s": 1.0, "completion_tokens": completion, "fill": fill,
+            "timings": {"prefill_s": 0.1, "decode_s": sum(r[0] for r in decode_rounds) / 1000,
+                        "rounds": len(decode_rounds) + 1, "round_ms": [[100.0, 1], *decode_rounds]},
+            "calls": [{"name": "write_file", "truth": "right"}]}
+
+
+def _summary() -> dict:
+    """A made-up two-arm run: ordinary and a jump arm, four seeds each, all solved."""
+    jump = [{"boundary": "tool_name", "tokens": 10, "label": "oracle write_file"}]
+    records = []
+    for seed in range(4):
+        records.append({"arm": "ordinary", "seed": seed, "success": True, "status": "answered", "wall_s": 2.0,
+                        "kind": "create_file", "steps": 1, "turns": [_turn([[100.0 + seed, 1]] * 10, 10, 10)]})
+        records.append({"arm": "jump", "seed": seed, "success": True, "status": "answered", "wall_s": 1.5,
+                        "kind": "create_file", "steps": 1, "turns": [_turn([[150.0, 10]], 10, 1, jump)]})
+    summary = summarize(records, ["ordinary", "jump"])
+    summary["run"] = {"command": "jumpahead live --tasks 4 --arms ordinary,jump", "command_source": "command line",
+                      "tasks_per_arm": 4, "seeds": summary["seeds"]}
+    return summary
+
+
+def test_sentences_that_compare_arms_follow_the_data() -> None:
+    base = _summary()
+    covers, above, below = (copy.deepcopy(base) for _ in range(3))
+    covers["per_arm"]["jump"]["R_s_per_task"] = {"mean": 0.1, "lo": -0.2, "hi": 0.4, "n": 4}
+    above["per_arm"]["jump"]["R_s_per_task"] = {"mean": 0.5, "lo": 0.1, "hi": 0.9, "n": 4}
+    below["per_arm"]["jump"]["R_s_per_task"] = {"mean": -0.5, "lo": -0.9, "hi": -0.1, "n": 4}
+    pages = {name: render(s) for name, s in (("covers", covers), ("above", above), ("below", below))}
+    assert "`jump`: R is 0.10 s per task (95% CI -0.20 to 0.40); its CI covers 0: D - P - H explains" \
+        in pages["covers"]
+    assert "`jump`: R is 0.50 s per task (95% CI 0.10 to 0.90); its CI lies above 0" in pages["above"]
+    assert "Recovery cost the most in `jump`" in pages["above"]
+    assert "its CI lies below 0: the measured saving exceeds D - P - H by 0.50 s" in pages["below"]
+    assert "explains the measured saving" not in pages["above"] + pages["below"]
+    assert len(set(pages.values())) == 3
+
+    # success: overlapping Wilson intervals, then the jump arm's interval above the ordinary arm's
+    s = copy.deepcopy(base)
+    assert "overlap, so this run shows no difference in success" in wt.success_sentence(s, "jump")
+    s["per_arm"]["ordinary"]["success_ci95"] = [0.1, 0.4]
+    assert "do not overlap: the arm solves more tasks" in wt.success_sentence(s, "jump")
+
+    # saving: a CI that lies below 0 turns "faster" into "slower"
+    s = copy.deepcopy(base)
+    s["per_arm"]["jump"]["tts_s_saved_per_task"] = {"mean": 0.3, "lo": 0.1, "hi": 0.5, "n": 4}
+    assert "is faster to success" in wt.saving_sentence(s, "jump")
+    s["per_arm"]["jump"]["tts_s_saved_per_task"] = {"mean": -0.3, "lo": -0.5, "hi": -0.1, "n": 4}
+    assert "is slower to success" in wt.saving_sentence(s, "jump")
+
+    # break-even: a recovery frequency below, then above, the break-even frequency
+    s = copy.deepcopy(base)
+    s["per_arm"]["jump"]["recovery"].update(wrong=1, frequency=0.25, breakeven_frequency=0.4, cost_per_recovery_s=2.0)
+    assert "below the break-even frequency 0.400" in wt.breakeven_sentence(s, "jump")
+    s["per_arm"]["jump"]["recovery"].update(frequency=0.5)
+    assert "at or above the break-even frequency 0.400" in wt.breakeven_sentence(s, "jump")
+    assert wt.breakeven_sentence(s, "ordinary") is None  # no jumps: nothing to compare
+
+
+def test_a_summary_without_run_details_still_renders() -> None:
+    s = _summary()
+    del s["run"]
+    page = render(s)
+    assert "reconstructed: this run's runner did not record its command line" in page
+    assert all(f"| {arm} |" in page for arm in s["arms"])
+
+
+def test_a_large_summary_is_copied_without_its_accounts() -> None:
+    s = _summary()
+    assert json.loads(copy_text(s)) == s  # small: whole
+    s["accounts"]["jump"] = s["accounts"]["jump"] * (COPY_LIMIT // 200)
+    trimmed = json.loads(copy_text(s))
+    assert "accounts" not in trimmed and trimmed["per_arm"] == s["per_arm"]
+    assert render(trimmed) == render(s)  # the page never reads the accounts
+
+
+def test_the_recorded_command_line_parses_back_to_the_same_options(monkeypatch, tmp_path) -> None:
+    from jumpahead.live.runner import command_line
+
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
+    argv = ["live", "--tasks", "3", "--arms", "ordinary,mistaken-jump:rate=0.5,base=oracle", "--adapter",
+            "smol-agent", "--seed-split", "train", "--concurrency", "2", "--serve-arg=--max-batch=4",
+            "--keep-workspaces", "--out", str(tmp_path / "my run")]
+    args = build_parser("live").parse_args(argv)
+    text = command_line(args, Path(args.out))
+    assert text.startswith("OPENBLAS_NUM_THREADS=1 jumpahead live --tasks 3 --arms ")
+    words = shlex.split(text)
+    again = build_parser("live").parse_args(words[words.index("jumpahead") + 1:])
+    assert vars(again) == vars(args)
