@@ -1,7 +1,7 @@
 """Live arms: each a `jumpahead serve` configuration plus a per-request `jumpahead` field.
 
 Names follow replay's arms (traces/arms.py): a method arm (`ordinary`, `strict`, `echo`,
-`ngram`: the registered methods' arms, engine/methods.py) or a policy (`jump`, `oracle-jump`, `mistaken-jump:rate=0.3`, `compaction`,
+`ngram`: the registered methods' arms, engine/methods.py) or a policy (`jump`, `early-jump`, `oracle-jump`, `mistaken-jump:rate=0.3`, `compaction`,
 `package.module:Class[:k=v,...]`), joined with "+" for combinations (`echo+jump`). One
 name is live only: `default`, the server's default methods (echo plus checked strict
 fill, what `jumpahead serve` runs when a request names none).
@@ -30,7 +30,7 @@ DEFAULT = "default"
 LIVE_ORACLE = "jumpahead.live.oracle:LiveOracleJump"
 LIVE_MISTAKEN = "jumpahead.live.oracle:LiveMistakenJump"
 # The arms of the issue's full run (`jumpahead live --arms all`).
-ALL_ARMS = ("ordinary", "strict", "echo", "default", "jump", "oracle-jump",
+ALL_ARMS = ("ordinary", "strict", "echo", "default", "jump", "early-jump", "oracle-jump",
             "mistaken-jump:rate=0.1,base=oracle", "mistaken-jump:rate=0.3,base=oracle",
             "compaction", "default+jump", "default+oracle-jump")
 

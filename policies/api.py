@@ -8,7 +8,8 @@ parsed structure), never tensors (docs/design.md, Policies):
 - `proposers(ctx)`: extra engine Proposers for this request's row.
 - boundary hooks, called as the row's output crosses parser boundaries (see
   `Boundary`); each returns an `Intervention` or None. `on_boundary` dispatches to the
-  named hook (`on_reasoning_closed`, `on_tool_call_opened`, `on_tool_name`,
+  named hook (`on_reasoning_closed`, `on_block_closed` (a fenced block of the
+  visible text closed, no call open), `on_tool_call_opened`, `on_tool_name`,
   `on_argument_key`, `on_turn_end`); override either.
 - `on_result(result)`: observe the finished turn.
 
@@ -26,8 +27,9 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:  # the policy API imports nothing of jumpahead at import time (tests/test_layering.py)
     from jumpahead.core.turn import Turn
 
-Boundary = Literal["reasoning_closed", "tool_call_opened", "tool_name", "argument_key", "turn_end"]
-BOUNDARIES: tuple[str, ...] = ("reasoning_closed", "tool_call_opened", "tool_name", "argument_key", "turn_end")
+Boundary = Literal["reasoning_closed", "block_closed", "tool_call_opened", "tool_name", "argument_key", "turn_end"]
+BOUNDARIES: tuple[str, ...] = ("reasoning_closed", "block_closed", "tool_call_opened", "tool_name", "argument_key",
+                               "turn_end")
 
 
 @dataclass
@@ -141,6 +143,9 @@ class Policy:
         return hook(event) if hook is not None else None
 
     def on_reasoning_closed(self, event: BoundaryEvent) -> Intervention | None:
+        return None
+
+    def on_block_closed(self, event: BoundaryEvent) -> Intervention | None:
         return None
 
     def on_tool_call_opened(self, event: BoundaryEvent) -> Intervention | None:

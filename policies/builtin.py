@@ -9,6 +9,7 @@ BUILTIN: dict[str, str] = {
     "clear-thinking": "jumpahead.policies.context_edits:ClearThinking",  # Anthropic clear_thinking_20251015
     "fit": "jumpahead.policies.fit:Fit",  # shrink prompts that exceed the window
     "jump": "jumpahead.policies.jump:Jump",  # logical jump-ahead, online
+    "early-jump": "jumpahead.policies.early_jump:EarlyJump",  # the whole next call at the reasoning boundary
     "oracle-jump": "jumpahead.policies.jump:OracleJump",  # driven by a recorded continuation
     "mistaken-jump": "jumpahead.policies.jump:MistakenJump",  # perturbed jumps (recovery study)
 }

@@ -202,7 +202,7 @@ def _strip_nl(text: str) -> str:
     return text[:-1] if text.endswith("\n") else text
 
 
-def _edit_pair(scope: str, path: str, ctx: ContextIndex) -> tuple[str, str, str, tuple[int, int]] | None:
+def edit_pair(scope: str, path: str, ctx: ContextIndex) -> tuple[str, str, str, tuple[int, int]] | None:
     """(old, new, account, old's span in the context) of the one edit stated for `path`."""
     blocks = blocks_in(scope)
     pairs: dict[tuple[str, str], tuple[str, tuple[int, int]]] = {}
@@ -279,7 +279,7 @@ def plan_online(event: BoundaryEvent, ctx: ContextIndex, tools: dict[str, ToolSp
             return plan({r.content_key: b.text}, (b.start, b.end), "output",
                         f"{call.name} path={path} content from output block [{b.start}:{b.end}]", [r.content_key])
     if r.kind == "edit" and r.old_key and r.new_key:
-        pair = _edit_pair(scope, path, ctx)  # type: ignore[arg-type]
+        pair = edit_pair(scope, path, ctx)  # type: ignore[arg-type]
         if pair is not None:
             old, new, account, span = pair
             return plan({r.old_key: old, r.new_key: new}, span, "context", f"{call.name} path={path} {account}",

@@ -4,6 +4,8 @@ file contents shown in tool results.
 - `fenced_blocks` / `quoted_blocks`: content a text states literally (a fenced code
   block; a quoted block after a label such as `content:`), each with its *lead* (the
   text just before it, where the file it is meant for is named).
+- `FenceScanner`: where a growing text's fenced blocks close (the boundary tracker's
+  `block_closed`, policies/tracker.py); `lead_path`: the file a block's lead names.
 - `blocks_for_path`: the blocks whose lead names a path; `Found` says which one, or why
   none can be trusted (two different blocks, a block never closed).
 - `earlier_calls`: tool calls already written in a text (`<tool_call>{json}</tool_call>`).
@@ -104,6 +106,57 @@ def quoted_blocks(text: str) -> list[Block]:
     return blocks
 
 
+def closes_fence(opened: str, line: str) -> bool:
+    """Whether `line` (one line, no newline) closes a block opened by the fence
+    `opened` (the rules of `fenced_blocks`: the same character, at least as long, and
+    nothing after it but spaces or a template marker)."""
+    m = _FENCE.match(line)
+    if m is None:
+        return False
+    fence = m.group(1)
+    return fence[0] == opened[0] and len(fence) >= len(opened) and _CLOSING.match(m.group(2)) is not None
+
+
+class FenceScanner:
+    """Reads a text as it grows and says where its fenced blocks close, by the rules of
+    `fenced_blocks`: `feed(text)` returns how many blocks closed in `text`. A closing
+    fence counts as soon as its line reads as one (its fence characters complete), not
+    at the newline after it: the model may go straight on to a tool call. A line that
+    read as a closing fence and then goes on (```` ```python ````) leaves the block open.
+    Work is O(the text fed): lines are kept only as long as a fence line can be."""
+
+    MAX_LINE = 256
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.opened: str | None = None  # the open block's fence
+        self.line = ""  # the current line so far (capped)
+        self.counted = False  # this line was counted as a closing fence
+
+    def feed(self, text: str) -> int:
+        closed = 0
+        parts = text.split("\n")
+        for i, part in enumerate(parts):
+            if len(self.line) < self.MAX_LINE:
+                self.line += part[: self.MAX_LINE - len(self.line)]
+            if self.opened is not None and not self.counted and closes_fence(self.opened, self.line):
+                closed += 1
+                self.counted = True
+            if i < len(parts) - 1:
+                self._end_line()
+        return closed
+
+    def _end_line(self) -> None:
+        if self.opened is None:
+            m = _FENCE.match(self.line)
+            self.opened = m.group(1) if m is not None else None
+        elif closes_fence(self.opened, self.line):
+            self.opened = None
+        self.line, self.counted = "", False
+
+
 def names_path(token: str, path: str) -> bool:
     """Whether a path-like token names `path` (same path, or one is the other's tail)."""
     a, b = token.removeprefix("./"), path.removeprefix("./")
@@ -126,6 +179,16 @@ def lead_names(lead: str, path: str) -> bool:
         if names_path(token, path) or _pathish(token):
             last = token
     return last is not None and names_path(last, path)
+
+
+def lead_path(lead: str) -> str | None:
+    """The last file a lead names (the one its block is for), None where it names none."""
+    last = None
+    for m in _PATH.finditer(lead):
+        token = m.group(0).rstrip(".")
+        if _pathish(token):
+            last = token
+    return last
 
 
 def paths_in(text: str) -> list[str]:

@@ -36,7 +36,7 @@ from jumpahead.core.errors import invalid_request
 from jumpahead.core.exchange import Exchange
 from jumpahead.core.turn import Turn, TurnOutput
 
-from .api import BoundaryEvent, Intervention, Policy, RequestContext, SessionState, TurnResult
+from .api import BOUNDARIES, BoundaryEvent, Intervention, Policy, RequestContext, SessionState, TurnResult
 from .boundary import BoundaryProposer
 from .context_edits import FILL_KEY, edit_specs
 from .context_edits import report as context_edits_report
@@ -54,7 +54,7 @@ def uses_boundaries(policy: Any) -> bool:
         return policy.uses_boundaries
     return callable(getattr(policy, "on_boundary", None)) or any(
         callable(getattr(policy, f"on_{b}", None))
-        for b in ("reasoning_closed", "tool_call_opened", "tool_name", "argument_key", "turn_end"))
+        for b in BOUNDARIES)
 
 
 def _dispatch(policy: Any, event: BoundaryEvent) -> Any:

@@ -3,7 +3,10 @@
 The text-level state (reasoning / content / tool call) comes from the core's own
 OutputParser (core/output_parser.py), so boundaries fall exactly where the answer's
 parse puts them: `reasoning_closed` when reasoning ends, `tool_call_opened` when a
-tool-call start marker is complete. Inside a call the family's scanner
+tool-call start marker is complete, `block_closed` when a fenced block of the visible
+text closes (its closing fence's characters are complete, read by
+jump_sources.FenceScanner over the parser's content; never inside reasoning or a tool
+call, and not when the same token opens a call). Inside a call the family's scanner
 (engine/tool_formats/, the tokenizer's family) adds `tool_name` (the name is complete)
 and `argument_key` (each top-level key of the arguments: `"key":` in the JSON families,
 `<parameter=key>` / `<arg_key>key</arg_key>` in the XML ones); for Hermes-JSON calls (and
@@ -11,8 +14,9 @@ a tokenizer of no known family) a small incremental JSON scanner. Where a family
 run on in one section without an end marker (harmony, Mistral, Llama 3 JSON), each
 further call crosses `tool_call_opened` again.
 
-Work per token is O(the token's text): one detokenizer step, one parser feed, and the
-scanner over the new characters of the call.
+Work per token is O(the token's text): one detokenizer step, one parser feed, the fence
+scanner over the new visible characters, and the call scanner over the new characters
+of the call.
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ from typing import Any
 
 from jumpahead.engine.tool_formats.scan import CallScanner
 from jumpahead.core.output_parser import OutputParser
-from jumpahead.core.turn import ContentDelta, ReasoningDelta, ToolCallDelta
+from jumpahead.core.turn import ContentDelta, ReasoningDelta, ToolCallDelta, ToolCallStart
 
-REASONING, TOOL = "reasoning", "tool"
+from .jump_sources import FenceScanner
+
+REASONING, CONTENT, TOOL = "reasoning", "content", "tool"
 
 
 @dataclass
@@ -58,6 +64,7 @@ class OutputTracker:
         self.argument_key: str | None = None
         self._scanner: Any = None  # CallScanner, or the family's
         self._scanned = 0  # characters of the open call already scanned
+        self._fences = FenceScanner()  # the visible text's fenced blocks (block_closed)
         if parser.state == TOOL:  # the prompt's assistant prefix opened a call
             self._open_call()
 
@@ -90,16 +97,24 @@ class OutputTracker:
         parser = self.parser
         was, calls = parser.state, len(parser.tool_calls) + len(parser.malformed)
         crossed: list[Crossing] = []
+        fences = 0
         for event in parser.feed(delta):
             if isinstance(event, ReasoningDelta):
                 self.reasoning += event.text
+                self._fences.reset()  # the visible text after reasoning starts afresh
             elif isinstance(event, ContentDelta):
                 self.content += event.text
+                fences += self._fences.feed(event.text)
             elif isinstance(event, ToolCallDelta):
                 self.calls_done += 1
+                self._fences.reset()
+            elif isinstance(event, ToolCallStart):
+                self._fences.reset()
         now = parser.state
         if was == REASONING and now != REASONING:
             crossed.append(Crossing("reasoning_closed", index))
+        if fences and now == CONTENT:
+            crossed.append(Crossing("block_closed", index))
         closed = len(parser.tool_calls) + len(parser.malformed) != calls
         if now == TOOL and (was != TOOL or closed):
             self._open_call()
