@@ -39,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", type=int, default=DEFAULT_TASKS, metavar="N",
                         help=f"tasks per arm, the same seeds in every arm (default: {DEFAULT_TASKS})")
     parser.add_argument("--arms", default="ordinary,default", metavar="LIST",
-                        help="comma-separated arms (ordinary, strict, echo, default, jump, oracle-jump, "
+                        help="comma-separated arms (ordinary, strict, echo, default, jump, "
+                             "jump:sources=output|context[,verify=1], early-jump[:verify=1], oracle-jump, "
                              "mistaken-jump:rate=R[,base=oracle], compaction, combinations with '+', "
                              "package.module:Class; 'all' for the full set); ordinary is added when missing")
     parser.add_argument("--adapter", default=None, metavar="PATH|NAME",

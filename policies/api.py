@@ -118,6 +118,19 @@ class TurnResult:
     interventions: list[dict[str, Any]]
 
 
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+def flag_option(options: dict[str, Any], key: str, policy: str, default: str = "0") -> bool:
+    """A 0/1 option (`verify=1`; also true/false, yes/no, on/off); anything else is a
+    ValueError naming the policy and the option."""
+    value = str(options.get(key, default)).strip().lower()
+    if value not in _TRUE | _FALSE:
+        raise ValueError(f"{policy}: {key} must be 0 or 1, got {options[key]!r}")
+    return value in _TRUE
+
+
 class Policy:
     """Base class with no-op hooks. Subclasses set `name` and override what they need.
 

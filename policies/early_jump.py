@@ -46,12 +46,11 @@ from typing import Any
 from jumpahead.engine.tool_formats import family_of
 from jumpahead.engine.tool_formats.base import PartialCall
 
-from .api import BoundaryEvent, Intervention, RequestContext
+from .api import BoundaryEvent, Intervention, RequestContext, flag_option
 from .jump import _JumpPolicy
 from .jump_plan import JumpPlan, Roles, ToolSpec, edit_pair, roles
 from .jump_sources import Block, blocks_for_path, blocks_in, lead_path
 
-_TRUE, _FALSE = frozenset({"1", "true", "yes", "on"}), frozenset({"0", "false", "no", "off", ""})
 # the lead of an old block: the file is named, but what follows is an edit's old text
 _EDIT_WORDS = re.compile(r"(?i)\b(?:replac\w*|chang\w*|substitut\w*|swap\w*)\b")
 _SHELL_INFO = frozenset({"bash", "sh", "shell", "console", "zsh", "terminal", "shell-session"})
@@ -131,10 +130,7 @@ class EarlyJump(_JumpPolicy):
 
     def __init__(self, **options: str) -> None:
         super().__init__(**options)
-        verify = str(options.get("verify", "0")).strip().lower()
-        if verify not in _TRUE | _FALSE:
-            raise ValueError(f"early-jump: verify must be 0 or 1, got {options['verify']!r}")
-        self.verify = verify in _TRUE
+        self.verify = flag_option(options, "verify", "early-jump")
         self.tokenizer: Any = None
         self.writer: Any = None  # the request's ToolFamily (Hermes too): writes the whole call
         self.think_end = "</think>"

@@ -4,7 +4,10 @@
   and the context already holds the complete literal content of the remaining arguments
   (jump_plan.py says where it looks), the rest of the call is appended as asserted
   `jump` tokens, written in the model's own format; the model samples again after the
-  end marker.
+  end marker. Options: `sources=all|output|context` keeps only plans whose content
+  comes from this turn's output or from the prompt's context (`JumpPlan.content_from`,
+  jump_plan.py's module doc); `verify=1` proposes the plan for verification instead (the
+  model checks it token by token like echo: exact; still kind `jump`).
 - `OracleJump` (`oracle-jump`): driven by the recorded continuation of this turn
   (`turn.extra["jumpahead"]["oracle_output"]`, set by replay). At a tool name or
   argument key it supplies the longest prefix of the recorded rest of the call whose
@@ -33,7 +36,7 @@ import re
 import time
 from typing import Any
 
-from .api import BoundaryEvent, Intervention, Policy, RequestContext
+from .api import BoundaryEvent, Intervention, Policy, RequestContext, flag_option
 from .call_text import DEFAULT_END, DEFAULT_START, CallFormat, parse_partial
 from .jump_plan import (
     CONTENT_KEYS,
@@ -115,9 +118,28 @@ class Jump(_JumpPolicy):
     """Online logical jump-ahead (see the module doc and jump_plan.py)."""
 
     name = "jump"
+    SOURCES = ("all", "output", "context")
+
+    def __init__(self, **options: str) -> None:
+        super().__init__(**options)
+        self.sources = str(options.get("sources", "all")).strip().lower()
+        if self.sources not in self.SOURCES:
+            raise ValueError(f"jump: sources must be one of {', '.join(self.SOURCES)}, got {options['sources']!r}")
+        self.verify = flag_option(options, "verify", "jump")
 
     def plan(self, event: BoundaryEvent) -> JumpPlan | None:
-        return plan_online(event, self.index(event.context_text), self.tools, self.start, self.end, self.family)
+        plan = plan_online(event, self.index(event.context_text), self.tools, self.start, self.end, self.family)
+        # a filter on the plan `all` takes, never a fall-back to another rule: where the
+        # output stated a block, a different block of the context is not the model's choice
+        if plan is not None and self.sources != "all" and plan.content_from != self.sources:
+            return None
+        return plan
+
+    def decide(self, event: BoundaryEvent) -> Intervention | None:
+        out = super().decide(event)
+        if out is not None and self.verify:
+            out.verified = True
+        return out
 
 
 def oracle_output(turn: Any) -> str | None:

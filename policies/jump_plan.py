@@ -20,6 +20,15 @@ Anything ambiguous (two different blocks, a block never closed, no path near a b
 two earlier calls that differ) gives no plan: a jump must be the model's own choice,
 only written faster. The plan's text is the family's completer's: the rest of the call
 in the model's own format.
+
+Each plan records where its content comes from (`JumpPlan.origin`, what `jump`'s
+`sources=output|context` option filters on): "output" for rules 1 and 5 and a repeat
+of a call made earlier this turn; "context" for rule 4 and a repeat of a call in the
+prompt. Rule 2 is "output": the new text, the bulk of the call and its decision, is
+the model's own statement this turn; the old text is a lookup of the file as a tool
+result shows it, and the pair is not a copy of anything the context holds whole. Its
+`source_in`/`source` still name the old text's span in the context (the span the
+intervention record points at).
 """
 
 from __future__ import annotations
@@ -39,6 +48,10 @@ PATH_KEYS = ("path", "file_path", "filePath", "filename", "file", "target_file",
 CONTENT_KEYS = ("content", "file_text", "contents", "text", "code", "new_content")
 OLD_KEYS = ("old_string", "old_str", "oldString", "old_text")
 NEW_KEYS = ("new_string", "new_str", "newString", "new_text")
+# bare `old`/`new` (the live world's edit_file, live/sandbox.py): too generic to name a
+# role alone, so they count only for a tool that is an edit by its name or command
+_EDIT_OLD_KEYS = (*OLD_KEYS, "old")
+_EDIT_NEW_KEYS = (*NEW_KEYS, "new")
 COMMAND_KEYS = ("command", "cmd", "script")
 _WRITE = re.compile(r"(?i)write|create|save")
 _EDIT = re.compile(r"(?i)edit|replace")
@@ -90,8 +103,8 @@ def roles(tool: str, spec: ToolSpec | None, call: PartialCall) -> Roles:
         content = _first(CONTENT_KEYS, known, "file_text" if tool == "str_replace_editor" else "content")
         return Roles("write", path_key, content_key=content)
     if command == "str_replace" or (command is None and _EDIT.search(tool)):
-        old = _first(OLD_KEYS, known, "old_str" if tool == "str_replace_editor" else "old_string")
-        new = _first(NEW_KEYS, known, "new_str" if tool == "str_replace_editor" else "new_string")
+        old = _first(_EDIT_OLD_KEYS, known, "old_str" if tool == "str_replace_editor" else "old_string")
+        new = _first(_EDIT_NEW_KEYS, known, "new_str" if tool == "str_replace_editor" else "new_string")
         if old and new:
             return Roles("edit", path_key, old_key=old, new_key=new)
     command_key = _first(COMMAND_KEYS, keys)
@@ -114,6 +127,11 @@ class JumpPlan:
     content_keys: list[str] = field(default_factory=list)  # keys holding content (perturbable)
     fixed_text: str | None = None  # a recorded continuation taken as is (oracle jumps)
     fixed_tokens: list[int] | None = None  # fixed_text as the record's own token ids (token-exact)
+    origin: str | None = None  # where the content comes from, "output"/"context" (None: source_in; module doc)
+
+    @property
+    def content_from(self) -> str:
+        return self.origin or self.source_in
 
     def text(self) -> str | None:
         if self.fixed_text is not None:
@@ -282,8 +300,11 @@ def plan_online(event: BoundaryEvent, ctx: ContextIndex, tools: dict[str, ToolSp
         pair = edit_pair(scope, path, ctx)  # type: ignore[arg-type]
         if pair is not None:
             old, new, account, span = pair
-            return plan({r.old_key: old, r.new_key: new}, span, "context", f"{call.name} path={path} {account}",
-                        [r.new_key, r.old_key])
+            p = plan({r.old_key: old, r.new_key: new}, span, "context", f"{call.name} path={path} {account}",
+                     [r.new_key, r.old_key])
+            if p is not None:
+                p.origin = "output"  # the new text is this turn's statement (module doc)
+            return p
     repeat = _repeat(call, call.name, spec, ctx, scope, start, end, family)
     if repeat is not None:
         items, label, span, where = repeat
