@@ -165,12 +165,6 @@ class EarlyJump(_JumpPolicy):
     def on_argument_key(self, event: BoundaryEvent) -> Intervention | None:
         return None
 
-    def decide(self, event: BoundaryEvent) -> Intervention | None:
-        out = super().decide(event)
-        if out is not None and self.verify:
-            out.verified = True
-        return out
-
     # --- the plan ---------------------------------------------------------------------------
     def plan(self, event: BoundaryEvent) -> JumpPlan | None:
         if not self.tools or self.writer is None or event.call_text:

@@ -69,6 +69,7 @@ class _JumpPolicy(Policy):
         self.start, self.end = DEFAULT_START, DEFAULT_END
         self.family: Any = None  # the request's ToolFamily (None: Hermes)
         self._index: ContextIndex | None = None
+        self.verify = False  # propose the plan for verification (exact) instead of asserting it
         # per boundary: {"boundary", "seconds", "jumped", "chars", "label"} (H, tokens supplied)
         self.decisions: list[dict[str, Any]] = []
 
@@ -105,6 +106,8 @@ class _JumpPolicy(Policy):
         t0 = time.perf_counter()
         plan = self.plan(event)
         out = plan.intervention() if plan is not None else None
+        if out is not None and self.verify:
+            out.verified = True
         self.decisions.append({"boundary": event.boundary, "seconds": time.perf_counter() - t0,
                                "jumped": out is not None, "chars": len(out.text or "") if out else 0,
                                "label": out.label if out else ""})
@@ -134,12 +137,6 @@ class Jump(_JumpPolicy):
         if plan is not None and self.sources != "all" and plan.content_from != self.sources:
             return None
         return plan
-
-    def decide(self, event: BoundaryEvent) -> Intervention | None:
-        out = super().decide(event)
-        if out is not None and self.verify:
-            out.verified = True
-        return out
 
 
 def oracle_output(turn: Any) -> str | None:
