@@ -50,7 +50,8 @@ class PreparedTurn:
     output_kinds: list[str] = field(default_factory=list)
     output_sources: list[Any] = field(default_factory=list)
     timings: Any = None  # the engine's Timings of the row (last chunk)
-    chunk_times: list[tuple[float, int]] = field(default_factory=list)  # (perf_counter, tokens) per chunk
+    # (perf_counter, tokens, proposal tokens its round carried) per chunk
+    chunk_times: list[tuple[float, int, int]] = field(default_factory=list)
     # A continued assistant prefix that opened a tool call: its start and argument
     # deltas, sent first so a streamed call is whole (the prefix's text is not resent).
     prefix_events: list[OutputEvent] = field(default_factory=list)
@@ -320,7 +321,8 @@ async def _turn_events(engine: Engine, prepared: PreparedTurn, stats: Counter[st
                     prepared.output_tokens.extend(chunk.tokens)
                     prepared.output_kinds.extend(chunk.kinds)
                     prepared.output_sources.extend(getattr(chunk, "sources", None) or [None] * len(chunk.tokens))
-                    prepared.chunk_times.append((time.perf_counter(), len(chunk.tokens)))
+                    prepared.chunk_times.append((time.perf_counter(), len(chunk.tokens),
+                                                 int(getattr(chunk, "proposed", 0) or 0)))
                 if chunk.timings is not None:
                     prepared.timings = chunk.timings
                 if chunk.cached_tokens:

@@ -101,13 +101,14 @@ class Row:
         return RowView(self.req.prompt + self.output, len(self.req.prompt), self.max_tokens - len(self.output))
 
     def commit(self, tokens: list[int], kinds: list[TokenKind], accepted: int = 0,
-               sources: list[int | None] | None = None, logprobs: list | None = None) -> None:
+               sources: list[int | None] | None = None, logprobs: list | None = None, proposed: int = 0) -> None:
         """Append chosen tokens, apply EOS/stop/length, and emit one chunk.
 
         `accepted`: how many leading tokens are verified proposal tokens (already
         counted in stats.accepted by the scheduler). `sources`: per token, the absolute
         position it was copied from (None: not a copy), for trace provenance.
-        `logprobs`: per token, its TokenLogprob or None (rows that asked for them)."""
+        `logprobs`: per token, its TokenLogprob or None (rows that asked for them).
+        `proposed`: the proposal tokens this round carried for the row (TokenChunk.proposed)."""
         now = time.perf_counter()
         if self.first_token_at is None:
             self.first_token_at = now
@@ -140,7 +141,7 @@ class Row:
         self.stats.accepted -= cut
         self.stats.rejected += cut
         self._emit(taken, taken_kinds, sources=None if sources is None else list(sources[: len(taken)]),
-                   logprobs=None if logprobs is None else list(logprobs[: len(taken)]))
+                   logprobs=None if logprobs is None else list(logprobs[: len(taken)]), proposed=proposed)
 
     def finish(self, reason: FinishReason, error: str | None = None) -> None:
         """End the row from outside (cancel, error) and emit the terminal chunk."""
@@ -150,12 +151,13 @@ class Row:
         self._emit([], [], error=error)
 
     def _emit(self, tokens: list[int], kinds: list[TokenKind], error: str | None = None,
-              sources: list[int | None] | None = None, logprobs: list | None = None) -> None:
+              sources: list[int | None] | None = None, logprobs: list | None = None, proposed: int = 0) -> None:
         final = self.finish_reason is not None
         if final and not self.stop_text.hit:
             self.detokenizer.finalize()  # flush bytes held for an incomplete character
         text = self.stop_text.take(self.detokenizer.text, final=final)
-        chunk = TokenChunk(tokens=tokens, kinds=kinds, text=text, sources=sources, logprobs=logprobs)
+        chunk = TokenChunk(tokens=tokens, kinds=kinds, text=text, sources=sources, logprobs=logprobs,
+                           proposed=proposed)
         if final or len(self.output) == len(tokens):  # the first chunk and the last
             chunk.cached_tokens = self.cached_tokens
         if final:

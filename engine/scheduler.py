@@ -358,7 +358,7 @@ class Scheduler:
             row.stats.rounds += 1
             row.stats.forwards += 1
             before = len(row.output)
-            row.commit(tokens, kinds, accepted, sources, logprobs)
+            row.commit(tokens, kinds, accepted, sources, logprobs, proposed=len(prop.tokens) if prop else 0)
             taken = len(row.output) - before
             if taken < len(tokens):
                 # EOS or a stop string inside the span: the tokens after it never

@@ -105,6 +105,10 @@ class TokenChunk:
     # Rows that asked for logprobs: per token, its TokenLogprob (engine/logprobs.py),
     # None for an asserted token the model never scored. None when not asked.
     logprobs: list | None = None
+    # Proposal tokens (verified or asserted) the round that made this chunk carried for
+    # the row, accepted or not: a round that carried some and emitted one token had them
+    # all rejected, and its extra forward time is what they cost (traces/accounting.py).
+    proposed: int = 0
 
 
 class EngineError(RuntimeError):

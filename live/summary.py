@@ -8,9 +8,12 @@ interventions with the same code); here they are read off a live turn's telemetr
 - plain_s: the ordinary arm's seconds per decode round, the median over its one-token
   rounds (the trace's `round_ms`; its first chunk holds the prefill);
 - D = supplied tokens (completion tokens not `sampled`: strict, echo, jump, ...) x plain_s;
-- P = the rounds that carried supplied tokens (more than one token) beyond plain_s, less
-  their share of the turn's proposer time (the trace has per-round times, not per-round
-  proposer time);
+- P = the rounds that carried supplied tokens (more than one token), and the rounds whose
+  proposals were all rejected (they carried proposal tokens and emitted one: the
+  trace's third `round_ms` field), beyond plain_s, less their share of the turn's
+  proposer time (the trace has per-round times, not per-round proposer time); traces
+  written before the field existed cannot tell a rejected round from a plain one, and
+  there its cost stays in R;
 - H = proposer time (`usage.fill.propose_ms`: strict, echo and the policies' boundary
   hooks run inside it, rejected proposals included) plus the arm's policies' on_request
   / on_result hooks (the `fit` policy, which every arm of the default model runs, is
@@ -97,20 +100,22 @@ def turn_model_s(turn: dict[str, Any]) -> float:
     return float(t["prefill_s"]) + float(t["decode_s"]) if t else float(turn.get("wall_s", 0.0))
 
 
-def _decode_rounds(turn: dict[str, Any]) -> list[tuple[float, int]]:
-    """(seconds, tokens) of each decode round of the turn (trace `round_ms` after the
-    first chunk, which holds the prefill)."""
+def _decode_rounds(turn: dict[str, Any]) -> list[tuple[float, int, int]]:
+    """(seconds, tokens, proposal tokens carried) of each decode round of the turn
+    (trace `round_ms` after the first chunk, which holds the prefill; proposal tokens 0
+    where the trace predates that field)."""
     t = _timings(turn) or {}
     out = []
     for item in (t.get("round_ms") or [])[1:]:
-        if isinstance(item, (list, tuple)) and len(item) == 2:
-            out.append((float(item[0]) / 1000, int(item[1])))
+        if isinstance(item, (list, tuple)) and len(item) in (2, 3):
+            out.append((float(item[0]) / 1000, int(item[1]), int(item[2]) if len(item) == 3 else 0))
     return out
 
 
 def plain_rounds(records: list[dict[str, Any]]) -> list[float]:
-    """Seconds of each one-token decode round in `records`."""
-    return [s for rec in records for turn in rec.get("turns", []) for s, n in _decode_rounds(turn) if n == 1]
+    """Seconds of each one-token decode round in `records` that carried no proposal."""
+    return [s for rec in records for turn in rec.get("turns", []) for s, n, k in _decode_rounds(turn)
+            if n == 1 and not k]
 
 
 def plain_round_s(records: list[dict[str, Any]]) -> float | None:
@@ -162,7 +167,9 @@ def turn_account(turn: dict[str, Any], plain_s: float | None) -> dict[str, float
         if name not in NOT_ARM_POLICIES and isinstance(rep, dict):
             hooks += float(rep.get("on_request_ms") or 0.0) + float(rep.get("on_result_ms") or 0.0)
     rounds = _decode_rounds(turn)
-    carried = [s for s, n in rounds if n > 1]
+    # rounds that carried supplied tokens, and rounds whose proposals were all rejected
+    # (a failure is priced, never left out: D counts only the accepted tokens)
+    carried = [s for s, n, k in rounds if n > 1 or k]
     # the trace has no per-round proposer time: each round gets an equal share, and the
     # rest of the proposer time (rounds that carried nothing) counts in H
     share = propose_s / len(rounds) if rounds else 0.0

@@ -71,6 +71,31 @@ def test_summary_arithmetic_on_made_up_records() -> None:
     assert s["per_arm"]["ordinary"]["totals"]["D_s"] == 0 and s["per_arm"]["ordinary"]["totals"]["R_s"] == 0
 
 
+def test_rejected_rounds_are_priced_not_left_in_r() -> None:
+    """An exact arm whose proposals were all rejected in some rounds: those rounds' extra
+    forward time is P (the trace's third `round_ms` field says they carried proposal
+    tokens), so R stays 0; read without the field, the same cost lands in R. A failed
+    proposal never counts as a saving: D counts only accepted tokens."""
+    # one round carried 10 tokens (9 accepted), two carried 4 proposal tokens each and
+    # emitted one (all rejected, 0.13 s instead of 0.1), then seven plain rounds: 20 tokens
+    rounds = [[150.0, 10, 9], [130.0, 1, 4], [130.0, 1, 4], *[[100.0, 1, 0]] * 7]
+    arm_decode = 0.15 + 0.26 + 0.7
+    records = [
+        _rec("ordinary", 1, True, 3.0, [_turn(2.0, 0.2, 1.9, [[100.0, 1]] * 19, 20, 20)]),
+        _rec("e", 1, True, 2.0, [_turn(1.5, 0.2, arm_decode, rounds, 20, 11)]),
+    ]
+    acc = summarize(records, ["ordinary", "e"])["accounts"]["e"][0]
+    assert acc["D_s"] == pytest.approx(0.9)  # 9 accepted x 0.1; the 8 rejected count nothing
+    assert acc["P_s"] == pytest.approx(0.05 + 0.03 + 0.03)  # the carrying round and both rejected rounds
+    assert acc["saved_s"] == pytest.approx(1.9 - arm_decode)
+    assert acc["R_s"] == pytest.approx(0.0, abs=1e-6)
+    # the same trace without the field (older traces): the rejected rounds look plain, their cost is R
+    old = [[ms, n] for ms, n, _ in rounds]
+    records[1] = _rec("e", 1, True, 2.0, [_turn(1.5, 0.2, arm_decode, old, 20, 11)])
+    acc = summarize(records, ["ordinary", "e"])["accounts"]["e"][0]
+    assert acc["P_s"] == pytest.approx(0.05) and acc["R_s"] == pytest.approx(0.06)
+
+
 def test_an_unrecovered_wrong_jump_is_charged_the_redo() -> None:
     """A wrong jump that makes a task fail, where the ordinary arm solved it, costs the
     redo (ordinary's model time on the seed): failing fast must not read as a saving."""

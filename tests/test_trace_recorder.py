@@ -167,7 +167,10 @@ def test_three_protocols_stream_and_not_one_file_per_session(live, engine):
             assert len(render_prompt(tok, turn_from_json(turn["context"]))) == turn["prompt_tokens"]
             timings = turn["timings"]
             assert timings["total_s"] >= timings["prefill_s"] > 0 and timings["rounds"] >= 1
-            assert sum(n for _, n in timings["round_ms"]) == n and all(ms >= 0 for ms, _ in timings["round_ms"])
+            assert sum(n for _, n, _ in timings["round_ms"]) == n and all(ms >= 0 for ms, _, _ in timings["round_ms"])
+            # each round's proposal tokens (accepted or not): at least every verified one
+            verified = (turn["usage"]["fill"] or {}).get("verified", {}).get("proposed", 0)
+            assert sum(k for _, _, k in timings["round_ms"]) >= verified
             assert turn["interventions"] == [] and "request_context" not in turn
         assert turns[1]["request"]["body"].get("stream") is True and not turns[0]["request"]["body"].get("stream")
     chat_turn = read_trace(files[conv])[1][0]

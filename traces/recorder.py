@@ -280,8 +280,8 @@ class TraceRecorder(BaseHooks):
         # chunk_times are perf_counter stamps; the exchange started on the wall clock
         start = time.perf_counter() - (now - exchange.started)
         rounds = []
-        for stamp, n in prepared.chunk_times:
-            rounds.append([round((stamp - start) * 1000, 3), n])
+        for stamp, n, proposed in prepared.chunk_times:
+            rounds.append([round((stamp - start) * 1000, 3), n, proposed])
             start = stamp
         return {
             "queue_s": round(getattr(t, "queued_s", 0.0), 6),
@@ -289,7 +289,9 @@ class TraceRecorder(BaseHooks):
             "decode_s": round(getattr(t, "decode_s", 0.0), 6),
             "total_s": round(now - exchange.started, 6),
             "rounds": getattr(t, "rounds", 0),
-            "round_ms": rounds,  # per chunk: [ms since the previous chunk (first: since the request), tokens]
+            # per chunk: [ms since the previous chunk (first: since the request), tokens,
+            # proposal tokens its round carried (accepted or not)]
+            "round_ms": rounds,
         }
 
     # --- /health ---------------------------------------------------------------------

@@ -256,7 +256,7 @@ async def run_arm_turn(engine: Engine, arm: Arm, hooks: list[Any], plan: Planned
         raise RuntimeError(f"arm {arm.name}: turn {plan.index} failed: {out.error}")
     forced = probe.forced
     output = list(prepared.output_tokens)
-    sizes = [n for _, n in prepared.chunk_times]
+    sizes = [n for _, n, _ in prepared.chunk_times]
     round_s, round_propose = _rounds(sizes, forced.stamps, probe.calls)
     fill = out.usage.fill or {}
     timings = prepared.timings
