@@ -38,7 +38,18 @@ MECHANISMS: dict[str, str] = {
                     "holds the complete literal content of the remaining arguments, the rest of the call is "
                     "appended unverified as `jump` tokens in the model's own format; the model samples again "
                     "after the call's end marker (policies/jump.py `Jump`, policies/jump_plan.py, "
-                    "policies/jump_sources.py). Arm: `jump`.",
+                    "policies/jump_sources.py). Arm: `jump`; `jump:sources=output|context` keeps only the jumps "
+                    "whose content this turn's output stated, or only those the prompt's context holds (tool "
+                    "results, earlier calls, earlier messages); `verify=1` proposes the same content for "
+                    "verification instead (the model checks it token by token, like echo: exact).",
+    "earlier action selection": "The whole next call proposed one step earlier, at the reasoning boundary "
+                                "before the model opens it: when the reasoning ends, or (for a model that reasons "
+                                "in plain text, as the live adapter does) when a fenced block whose lead names a "
+                                "file has closed, the write, edit or command that block settles is appended in "
+                                "the model's own format, start and end markers included, under the same "
+                                "ambiguity rules as online jumps (policies/early_jump.py `EarlyJump`, the "
+                                "`block_closed` boundary of policies/tracker.py). Arms: `early-jump`, "
+                                "`early-jump:verify=1` (verified: exact).",
     "oracle jumps": "The same jump, driven by hindsight: in a live run the task's ideal calls travel with each "
                     "request, and at a tool name or argument key the ideal call that continues what the model has "
                     "written is the oracle; only content present before the jump point is supplied "
@@ -56,7 +67,7 @@ MECHANISMS: dict[str, str] = {
 }
 MECHANISM_OF_PART = {"strict": "strict fill", "echo": "echo", "default": "echo + checked strict fill (server default)",
                      "ngram": "n-gram proposals", "draft": "draft model", "jump": "online jumps",
-                     "oracle-jump": "oracle jumps", "mistaken-jump": "mistaken jumps", "compaction": "compaction",
+                     "early-jump": "earlier action selection", "oracle-jump": "oracle jumps", "mistaken-jump": "mistaken jumps", "compaction": "compaction",
                      "ordinary": "none (ordinary decoding)"}
 
 
@@ -139,8 +150,9 @@ def _run_section(summary: dict[str, Any], command: str) -> list[str]:
     arms = run.get("arms") or {}
     for arm in wt.arms_of(summary):
         a = arms.get(arm) or {}
-        parts = [p.split(":")[0] for p in arm.split("+")]
-        mech = " + ".join(MECHANISM_OF_PART.get(p, f"user arm `{p}`") for p in parts)
+        parts = [p.partition(":") for p in arm.split("+")]
+        mech = " + ".join(MECHANISM_OF_PART.get(head, f"user arm `{head}`") + (f" ({opts})" if opts else "")
+                          for head, _, opts in parts)
         lines.append(f"| {arm} | {mech} | `{' '.join(a.get('serve_args') or []) or '(none)'}` "
                      f"| `{json.dumps(a.get('request', {}), sort_keys=True)}` | {'yes' if a.get('oracle') else 'no'} |")
     return lines + ["", _caption("Table", 1, "The arms.", command), ""]
