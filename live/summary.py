@@ -237,6 +237,15 @@ def bootstrap_r(accounts: list[dict[str, Any]], plain_rounds: list[float], plain
 # --- per arm ---------------------------------------------------------------------------
 
 
+def rejected_rounds_priced(records: list[dict[str, Any]]) -> bool:
+    """Whether the traces say which rounds carried proposal tokens (round_ms' third
+    field), so that rounds whose proposals were all rejected are priced in P; older
+    traces do not, and there that cost stays in R."""
+    rounds = [item for rec in records for turn in rec.get("turns", [])
+              for item in ((_timings(turn) or {}).get("round_ms") or [])]
+    return bool(rounds) and all(isinstance(item, (list, tuple)) and len(item) == 3 for item in rounds)
+
+
 def summarize(records: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
     """The summary document of a run's task records."""
     by_arm: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
@@ -260,6 +269,7 @@ def summarize(records: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
              for key in ("kind", "steps")}
     return {"kind": "jumpahead.live.summary", "version": 2, "arms": arms, "seeds": seeds, "retries": RETRIES,
             "bootstrap_resamples": BOOTSTRAP, "tasks": tasks,
+            "rejected_rounds_priced": rejected_rounds_priced(records),
             "plain_round_s": round(plain_s, 6) if plain_s else None,
             "pooled_cost_per_recovery_s": round(pooled_cost, 6) if pooled_cost is not None else None,
             "per_arm": out_arms, "accounts": {a: list(accounts[a].values()) for a in arms},

@@ -267,6 +267,11 @@ def _limits_section(summary: dict[str, Any]) -> list[str]:
              "budget); pairs neither side solves within it are left out of the paired figures: "
              + ", ".join(f"`{a}` {wt.num(n)}" for a, n in unsolved.items()) + ".",
              f"- {wt.num(len(summary.get('seeds') or []))} seeds per arm: the CIs above are as wide as that allows.",
+             *([] if summary.get("rejected_rounds_priced", False) else [
+                 "- This run's traces do not say which decode rounds carried proposal tokens (they predate that "
+                 "field of the trace's `round_ms`): rounds whose proposals were all rejected could not be priced "
+                 "in P, so their cost is in R, and an exact arm's R (echo, verified jumps) measures them, not "
+                 "recovery."]),
              ""]
     return lines
 

@@ -84,7 +84,9 @@ def test_rejected_rounds_are_priced_not_left_in_r() -> None:
         _rec("ordinary", 1, True, 3.0, [_turn(2.0, 0.2, 1.9, [[100.0, 1]] * 19, 20, 20)]),
         _rec("e", 1, True, 2.0, [_turn(1.5, 0.2, arm_decode, rounds, 20, 11)]),
     ]
-    acc = summarize(records, ["ordinary", "e"])["accounts"]["e"][0]
+    s = summarize(records, ["ordinary", "e"])
+    acc = s["accounts"]["e"][0]
+    assert s["rejected_rounds_priced"] is False  # the ordinary arm's made-up trace has no third field
     assert acc["D_s"] == pytest.approx(0.9)  # 9 accepted x 0.1; the 8 rejected count nothing
     assert acc["P_s"] == pytest.approx(0.05 + 0.03 + 0.03)  # the carrying round and both rejected rounds
     assert acc["saved_s"] == pytest.approx(1.9 - arm_decode)

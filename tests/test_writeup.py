@@ -168,6 +168,15 @@ def test_sentences_that_compare_arms_follow_the_data() -> None:
     assert wt.breakeven_sentence(s, "ordinary") is None  # no jumps: nothing to compare
 
 
+def test_a_run_that_cannot_price_rejected_rounds_says_so() -> None:
+    old = _summary()  # made-up traces without round_ms' proposal counts, as before that field
+    assert old["rejected_rounds_priced"] is False
+    assert "could not be priced in P, so their cost is in R" in render(old)
+    new = copy.deepcopy(old)
+    new["rejected_rounds_priced"] = True
+    assert "could not be priced" not in render(new)
+
+
 def test_a_summary_without_run_details_still_renders() -> None:
     s = _summary()
     del s["run"]
