@@ -320,7 +320,7 @@ def test_three_protocols_with_tool_calls_pass_through(replicas, tokenizer) -> No
         assert [b.input for b in final.content if b.type == "tool_use"] == [b.input for b in use]
 
         rkw = dict(model="m", input="Read the file notes.txt.", tool_choice="required", max_output_tokens=64,
-                   parallel_tool_calls=False,
+                   parallel_tool_calls=False, temperature=0,  # greedy, or the call is sampled
                    tools=[{"type": "function", "name": "read", "description": "Read a file.",
                            "parameters": READ_TOOL["function"]["parameters"]}])
         resp = client.responses.create(**rkw)
