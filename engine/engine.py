@@ -61,6 +61,7 @@ class EngineConfig:
     prefix_cache_dir: str | None = None
     prefix_cache_ssd_bytes: int = 16 << 30
     draft_model: str | None = None  # mlx-lm folder of a draft model (method "draft")
+    drafter: str | None = None  # folder of a trained drafter head (method "drafter", engine/drafter.py)
     # Run one throwaway prefill chunk and round at startup (ModelRunner.warm_up), so
     # the first request (a restarted server's cache hit) pays no first-forward costs.
     warm_up: bool = True
@@ -101,6 +102,11 @@ class Engine:
             from .draft import DraftModel
 
             self.attach_draft(DraftModel.load(self.config.draft_model, progress=lambda s: None))
+        self.drafter = None  # DraftGroup, set by attach_drafter
+        if self.config.drafter:
+            from .drafter import Drafter
+
+            self.attach_drafter(Drafter.load(self.config.drafter, target=model))
         self._wake = threading.Event()
         self.rows = RowRegistry()
         self.prefix_cache = self._make_prefix_cache()
@@ -133,6 +139,18 @@ class Engine:
         """Serve method "draft" with `draft` (a DraftModel); refuses another tokenizer family."""
         draft.check_compatible(self.tokenizer)
         self.draft = draft
+
+    def attach_drafter(self, drafter: Any) -> None:
+        """Serve method "drafter" with a trained Drafter: rows keep the target's hidden
+        state (ModelRunner.keep_hidden) and draft together in one DraftGroup."""
+        from .drafter import DraftGroup, DrafterError
+
+        if not self.runner.split:
+            raise DrafterError(f"{self.runner.model_type}: a drafter reads the trunk's hidden state, and this "
+                               "model's head is not a plain projection of it")
+        mx.eval(drafter.parameters())  # arrays made lazily elsewhere must exist before the engine thread reads them
+        self.runner.keep_hidden = True
+        self.drafter = DraftGroup(drafter, self.model.model.embed_tokens)
 
     def _make_prefix_cache(self) -> Any:
         """The prefix cache this config asks for (None when disabled)."""

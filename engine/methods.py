@@ -92,12 +92,26 @@ def _draft_needs(engine: Any) -> str | None:
     return None
 
 
+def _drafter(engine: Any, req: "GenerationRequest") -> "Proposer":
+    from .drafter import DrafterProposer
+
+    return DrafterProposer(engine.drafter)
+
+
+def _drafter_needs(engine: Any) -> str | None:
+    if getattr(engine, "drafter", None) is None:
+        return "method 'drafter' needs a trained drafter (serve --drafter PATH; jumpahead train-drafter)"
+    return None
+
+
 BUILTIN: tuple[Method, ...] = (
     Method("echo", "echo", True, "copies spans from the context (engine/echo.py)", _echo,
            arms=(MethodArm("echo", "echo copies from the context, verified"),)),
     Method("ngram", "ngram", True, "prompt-lookup n-grams (engine/echo.py)", _ngram,
            arms=(MethodArm("ngram", "prompt-lookup n-grams, verified"),)),
     Method("draft", "draft", True, "a draft model's tokens (engine/draft.py)", _draft, needs=_draft_needs),
+    Method("drafter", "drafter", True, "a trained drafter head's tokens (engine/drafter.py)", _drafter,
+           needs=_drafter_needs),
     Method(STRICT, "strict", False, "template scaffold and grammar jump-forward (engine/strict.py); "
            "checked (verified) unless asserted", None,
            arms=(MethodArm("strict", "strict fill, verified (the server's default)"),

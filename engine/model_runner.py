@@ -75,6 +75,11 @@ class ModelRunner:
                                    "scaled_dot_product_attention, which this model class does not call")
         self.trunk = _trunk(model)
         self.head = None
+        # The trunk's final hidden state at the positions that got logits in the last
+        # forward (lazy, [N, D] aligned with them): a learned drafter reads it
+        # (engine/drafter.py). Kept only while `keep_hidden` is set and the head splits.
+        self.keep_hidden = False
+        self.last_hidden: mx.array | None = None
         self.key_widths: list[int] = []
         self._probe()
         self.split = self.head is not None
@@ -183,7 +188,10 @@ class ModelRunner:
             hidden = self.trunk(inputs, cache=cache.layers)
             if positions is None:
                 return None
-            return self.head(hidden[:, positions, :])
+            picked = hidden[:, positions, :]
+            if self.keep_hidden:
+                self.last_hidden = picked
+            return self.head(picked)
         logits = self.model(inputs, cache=cache.layers)
         return None if positions is None else logits[:, positions, :]
 
@@ -212,7 +220,10 @@ class ModelRunner:
             hidden = ragged_hidden(self.model, rows, cache)
             if not picks:
                 return None, offsets
-            return self.head(mx.take(hidden, mx.array(picks, dtype=mx.int32), axis=0)), offsets
+            picked = mx.take(hidden, mx.array(picks, dtype=mx.int32), axis=0)
+            if self.keep_hidden:
+                self.last_hidden = picked
+            return self.head(picked), offsets
         padded = [r + [0] * (width - len(r)) for r in rows]
         lengths = [len(r) for r in rows]
         if not picks:
@@ -220,9 +231,16 @@ class ModelRunner:
             return None, offsets
         logits = self.forward(padded, cache, slice(None) if width > 1 else slice(-1, None), lengths=lengths)
         flat = logits.reshape(-1, logits.shape[-1])
+        hidden = None
+        if self.keep_hidden and self.split and self.last_hidden is not None:
+            hidden = self.last_hidden.reshape(-1, self.last_hidden.shape[-1])
         if len(picks) == flat.shape[0]:
+            self.last_hidden = hidden
             return flat, offsets
-        return mx.take(flat, mx.array(picks, dtype=mx.int32), axis=0), offsets
+        index = mx.array(picks, dtype=mx.int32)
+        if hidden is not None:
+            self.last_hidden = mx.take(hidden, index, axis=0)
+        return mx.take(flat, index, axis=0), offsets
 
     def replay(
         self, cache: RowKVCache, rows: list[list[int]], counts: list[int], before: list[list[mx.array | None]]

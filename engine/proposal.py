@@ -10,7 +10,7 @@ the sampled token and the rest rolls back (docs/design.md, Engine vocabulary).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 if TYPE_CHECKING:
     import numpy as np
@@ -52,6 +52,9 @@ class RowView:
     tokens: Sequence[int]  # prompt + output (the last one is the pending input token)
     prompt_len: int
     budget: int  # most tokens the row may still emit
+    # The target's final hidden state [D] (lazy) at the position whose logits chose the
+    # pending token, where the engine keeps it (a learned drafter is loaded); else None.
+    hidden: "Any" = None
 
 
 class Proposer(Protocol):

@@ -78,6 +78,8 @@ class Row:
     # The proposer whose asserted run was cut at the round's cap: asked first next
     # round, so a verifying proposer cannot interrupt the run between its slices.
     cut_by: Proposer | None = None
+    # The target's hidden state that chose `pending` (RowView.hidden; engine/drafter.py)
+    hidden: object = None
     # per-proposer acceptance rates that size this row's verified proposals
     acceptance: dict[str, Acceptance] = field(default_factory=dict)
     # engine/forecast.py: the output length at which the message a running copy comes
@@ -98,7 +100,8 @@ class Row:
         return len(self.req.prompt) + len(self.output)
 
     def view(self) -> RowView:
-        return RowView(self.req.prompt + self.output, len(self.req.prompt), self.max_tokens - len(self.output))
+        return RowView(self.req.prompt + self.output, len(self.req.prompt), self.max_tokens - len(self.output),
+                       self.hidden)
 
     def commit(self, tokens: list[int], kinds: list[TokenKind], accepted: int = 0,
                sources: list[int | None] | None = None, logprobs: list | None = None, proposed: int = 0) -> None:

@@ -171,6 +171,8 @@ class Scheduler:
             mx.eval(row.prefill_cache.arrays())
             row.timings.prefill_s += time.perf_counter() - t0
             return
+        if self.runner.keep_hidden:
+            row.hidden = self.runner.last_hidden[0, -1]
         token, kind, logprob = self._pick_first(row, logits[:, 0, :])
         row.timings.prefill_s += time.perf_counter() - t0
         self.waiting.popleft()
@@ -244,6 +246,21 @@ class Scheduler:
         row.cut_by = found.proposer if found is not None and found.cut else None
         row.stats.propose_s += time.perf_counter() - t0
         return found
+
+    @staticmethod
+    def _offer_round_groups(rows: list[Row]) -> None:
+        """Proposers that draft for the whole batch at once (engine/drafter.py DraftGroup)
+        learn this round's rows before any of them proposes."""
+        started: set[int] = set()
+        for row in rows:
+            for proposer in row.proposers:
+                group = getattr(proposer, "round_group", None)
+                if group is None:
+                    continue
+                if id(group) not in started:
+                    started.add(id(group))
+                    group.start_round()
+                group.offer(proposer, row.view())
 
     def _drop_unpaid(self, rows: list[Row], props: list[Proposal | None]) -> None:
         """Drop this round's verified proposals when together they do not pay for
@@ -331,6 +348,7 @@ class Scheduler:
         if self._greedy_round():
             return
         rows = self.running
+        self._offer_round_groups(rows)
         props = [self._propose(r) for r in rows]
         if self.config.cost_aware:
             self._drop_unpaid(rows, props)
@@ -351,6 +369,8 @@ class Scheduler:
             self.counters["head_skipped_rounds"] += 1
         where = list(zip(offsets, n_logits))
         picks = self._choose(rows, props, logits, where)
+        if self.runner.keep_hidden:
+            self._keep_hidden(rows, where, picks)
         counts = []
         done = []
         for i, (row, prop, (tokens, kinds, consumed, accepted, sources, logprobs)) in enumerate(zip(rows, props, picks)):
@@ -380,6 +400,14 @@ class Scheduler:
         self.width_policy.observe_round(round_tokens, width, time.perf_counter() - t0)
         if done:
             self._retire(done)
+
+    def _keep_hidden(self, rows: list[Row], where: list[tuple[int, int]], picks: list) -> None:
+        """Each row's hidden state at the input whose logits chose its new pending token
+        (the last one it consumed); None where it got no logits (an asserted run cut)."""
+        hidden = self.runner.last_hidden
+        for row, (first, count), pick in zip(rows, where, picks):
+            consumed = pick[2]
+            row.hidden = None if count == 0 or hidden is None else hidden[first + (consumed - 1 if count > 1 else 0)]
 
     def _choose(
         self,

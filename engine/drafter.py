@@ -1,0 +1,220 @@
+"""The learned drafter: a small head trained for one target model proposes next tokens.
+
+EAGLE-style: the target's final hidden state h_t at the position that chose the row's
+pending token x_{t+1}, and that token's embedding (the target's own table), go through
+one fused layer (two input norms, a projection of both to the model width, a SwiGLU
+block) to a predicted hidden state h'_{t+1}; a head over a reduced draft vocabulary
+(the tokens the target emits most often in the training data, `d2t`) gives the draft
+token x_{t+2}. Chaining feeds h'_{t+1} and the drafted token back in, k times.
+
+The layer has no attention and so no cache: a row's whole draft state is one vector
+the target computes anyway, which lives in the group (Row.hidden) and needs no
+rollback after a rejection and no re-prefill on a warm turn. Every row's chain runs in
+one batched forward per step (`DraftGroup`); the target verifies the tokens like any
+verified proposal, so outputs equal ordinary decoding at any temperature.
+
+The head is trained by `jumpahead train-drafter` (live/train_drafter.py) from the
+target's own greedy outputs and is tied to that target: `Drafter.load` refuses a
+drafter whose target fingerprint (model type, width, vocabulary, a digest of the
+embedding table) is not the served model's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx  # the jumpahead.engine package has loaded OpenBLAS by now
+import mlx.nn as nn
+import numpy as np
+
+from .proposal import Proposal, RowView
+
+DRAFTER_VERSION = 1
+WEIGHTS = "drafter.safetensors"
+CONFIG = "drafter.json"
+
+
+class DrafterError(ValueError):
+    """A drafter that cannot serve this target (another model, a missing file)."""
+
+
+def target_fingerprint(model: nn.Module) -> dict[str, Any]:
+    """What ties a drafter to its target: width, vocabulary and a digest of the embedding."""
+    embed = model.model.embed_tokens.weight
+    rows = np.array(embed[:: max(1, embed.shape[0] // 64)].astype(mx.float32))
+    digest = hashlib.sha256(np.round(rows, 4).tobytes()).hexdigest()[:16]
+    args = getattr(model, "args", None)
+    return {"model_type": getattr(args, "model_type", None), "dim": int(embed.shape[1]),
+            "vocab": int(embed.shape[0]), "embed_digest": digest}
+
+
+class Drafter(nn.Module):
+    """The trained layer and its draft-vocabulary head (see the module docstring)."""
+
+    def __init__(self, dim: int, ffn: int, draft_vocab: int) -> None:
+        super().__init__()
+        self.norm_h = nn.RMSNorm(dim)
+        self.norm_e = nn.RMSNorm(dim)
+        self.fc = nn.Linear(2 * dim, dim, bias=False)
+        self.norm_x = nn.RMSNorm(dim)
+        self.gate = nn.Linear(dim, ffn, bias=False)
+        self.up = nn.Linear(dim, ffn, bias=False)
+        self.down = nn.Linear(ffn, dim, bias=False)
+        self.norm_out = nn.RMSNorm(dim)
+        self.head = nn.Linear(dim, draft_vocab, bias=False)
+        self.d2t = mx.zeros((draft_vocab,), dtype=mx.int32)  # draft index -> target token id (frozen)
+        self.freeze(keys=["d2t"], recurse=False)
+        self.dim, self.ffn, self.draft_vocab = dim, ffn, draft_vocab  # ints: plain attributes
+
+    def step(self, h: mx.array, e: mx.array) -> tuple[mx.array, mx.array]:
+        """(h_t, embedding of x_{t+1}) [..., D] -> (h'_{t+1}, draft logits over d2t)."""
+        x = self.fc(mx.concatenate([self.norm_h(h), self.norm_e(e)], axis=-1))
+        y = self.norm_x(x)
+        x = x + self.down(nn.silu(self.gate(y)) * self.up(y))
+        return x, self.head(self.norm_out(x))
+
+    def chain(self, embed: nn.Module, hidden: mx.array, tokens: mx.array, k: int) -> mx.array:
+        """k greedy draft tokens per row (lazy [B, k] target ids) from hidden [B, D]
+        and the rows' pending tokens [B]."""
+        out = []
+        h, tok = hidden, tokens
+        for _ in range(k):
+            h, logits = self.step(h, embed(tok))
+            tok = self.d2t[mx.argmax(logits, axis=-1)]
+            out.append(tok)
+        return mx.stack(out, axis=1)
+
+    # --- files ---------------------------------------------------------------------
+
+    def save(self, folder: str | Path, fingerprint: dict[str, Any], info: dict[str, Any] | None = None) -> Path:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        weights = {k: v.astype(mx.float16) if v.dtype == mx.float32 else v
+                   for k, v in dict(_flatten(self.parameters())).items()}
+        mx.save_safetensors(str(folder / WEIGHTS), weights)
+        meta = {"drafter_version": DRAFTER_VERSION, "dim": self.dim, "ffn": self.ffn,
+                "draft_vocab": self.draft_vocab, "target": fingerprint, **(info or {})}
+        (folder / CONFIG).write_text(json.dumps(meta, indent=2) + "\n")
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | Path, target: nn.Module | None = None) -> "Drafter":
+        """Read a drafter folder; with `target`, refuse one trained for another model."""
+        folder = Path(folder)
+        meta = read_meta(folder)
+        if meta.get("drafter_version") != DRAFTER_VERSION:
+            raise DrafterError(f"{folder}: drafter version {meta.get('drafter_version')} is not {DRAFTER_VERSION}; "
+                               "train it again (jumpahead train-drafter)")
+        if target is not None:
+            want, have = meta.get("target") or {}, target_fingerprint(target)
+            if want != have:
+                diff = ", ".join(f"{k}: {want.get(k)!r} vs served {have[k]!r}" for k in have if want.get(k) != have[k])
+                raise DrafterError(f"{folder} was trained for another model ({diff}); a drafter serves only "
+                                   "the target it was trained on")
+        drafter = cls(int(meta["dim"]), int(meta["ffn"]), int(meta["draft_vocab"]))
+        weights = mx.load(str(folder / WEIGHTS))
+        drafter.load_weights([(k, v.astype(mx.float32) if v.dtype == mx.float16 else v) for k, v in weights.items()])
+        mx.eval(drafter.parameters())
+        return drafter
+
+
+def read_meta(folder: str | Path) -> dict[str, Any]:
+    """A drafter folder's drafter.json (how it was trained, for whom)."""
+    try:
+        return json.loads((Path(folder) / CONFIG).read_text())
+    except (OSError, ValueError) as exc:
+        raise DrafterError(f"{folder} is not a drafter folder (no readable {CONFIG}: {exc})") from None
+
+
+def _flatten(tree: Any, prefix: str = "") -> list[tuple[str, mx.array]]:
+    from mlx.utils import tree_flatten
+
+    return tree_flatten(tree, prefix=prefix)
+
+
+# --- serving: one group per engine, one proposer per row ------------------------------
+
+
+class DraftGroup:
+    """Drafts for every row of a round in one batched chain.
+
+    The scheduler calls `start_round` and then `offer(proposer, view)` for each row
+    whose proposers include one of ours, before any row proposes; the first proposer
+    that asks computes the chain for all offered rows at once (none if no row asks:
+    a round where no verified token can pay spends nothing here)."""
+
+    def __init__(self, drafter: Drafter, embed: nn.Module) -> None:
+        self.drafter = drafter
+        self.embed = embed
+        self.offered: list[tuple["DrafterProposer", RowView]] = []
+        self.results: dict[int, list[int]] = {}
+        self.chains = 0  # batched chains run (benches, tests)
+        self.rows_drafted = 0
+
+    def start_round(self) -> None:
+        self.offered = []
+        self.results = {}
+
+    def offer(self, proposer: "DrafterProposer", view: RowView) -> None:
+        if view.hidden is not None and proposer.cooldown == 0:
+            self.offered.append((proposer, view))
+
+    def draft(self, proposer: "DrafterProposer", view: RowView, k: int) -> list[int]:
+        if id(proposer) not in self.results:
+            batch = [(p, v) for p, v in self.offered if id(p) not in self.results]
+            if not any(p is proposer for p, _ in batch):
+                batch.append((proposer, view))  # asked without an offer (one row, a test)
+            width = max(p.k for p, _ in batch)
+            hidden = mx.stack([v.hidden for _, v in batch])
+            tokens = mx.array([v.tokens[-1] for _, v in batch], dtype=mx.int32)
+            table = self.drafter.chain(self.embed, hidden.astype(mx.float32), tokens, width).tolist()
+            self.chains += 1
+            self.rows_drafted += len(batch)
+            for (p, _), row in zip(batch, table):
+                self.results[id(p)] = row
+        return self.results.pop(id(proposer))[:k]
+
+
+class DrafterProposer:
+    """Per-row proposals (verified, kind "drafter") from the shared DraftGroup; the
+    length adapts to the row's acceptance, and a row the drafter keeps missing rests."""
+
+    name = "drafter"
+
+    def __init__(self, group: DraftGroup, k: int = 4, max_k: int = 6) -> None:
+        self.round_group = group
+        self.k = k
+        self.max_k = max_k
+        self.cooldown = 0
+        self.misses = 0
+
+    def propose(self, view: RowView, max_len: int) -> Proposal | None:
+        if self.cooldown > 0:
+            self.cooldown -= 1
+            return None
+        k = min(self.k, max_len)
+        if k <= 0 or view.hidden is None:
+            return None
+        return Proposal(self.round_group.draft(self, view, k), "drafter")
+
+    def feedback(self, proposal: Proposal, accepted: int) -> None:
+        k = len(proposal.tokens)
+        if accepted == k:
+            self.k = min(self.max_k, self.k + 1)
+            self.misses = 0
+        elif accepted == 0:
+            self.k = max(1, self.k - 1)
+            self.misses += 1
+            if self.misses >= 4:  # nothing predictable here: rest a few rounds
+                self.cooldown = self.misses
+        else:
+            self.k = max(1, accepted + 1)
+            self.misses = 0
+
+
+def default_drafter_path() -> Path:
+    """The drafter trained for the default model, shipped in the repository."""
+    return Path(__file__).resolve().parent / "drafters" / "smollm2-135m"
