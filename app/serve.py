@@ -7,6 +7,8 @@ import ipaddress
 import logging
 import os
 import sys
+from pathlib import Path
+from typing import Any
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_SCRIPT_SLICE = 4096  # most scripted tokens in one round (its logits are [1, slice, vocab])
@@ -45,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-model", default=None, metavar="PATH|truncated[:N]",
                         help="a draft model for method 'draft' (same tokenizer family as --model); "
                              "'truncated:N' builds the default model's first N layers (default N=4)")
+    parser.add_argument("--drafter", default="auto", metavar="auto|none|PATH",
+                        help="a trained drafter head for method 'drafter' (jumpahead train-drafter): 'auto' "
+                             "(default) loads the one shipped for the default model when that model is served, "
+                             "'none' loads none")
     parser.add_argument("--max-proposal", type=_positive, default=16, metavar="K",
                         help="most verified proposal tokens a row carries into one round (default: 16)")
     parser.add_argument("--no-cost-aware", action="store_true",
@@ -147,6 +153,38 @@ def _policy_specs(args: argparse.Namespace) -> list:
     for spec in specs:
         spec.build()
     return specs
+
+
+def attach_drafter(engine: Any, spec: str, explicit_methods: bool) -> str | None:
+    """Load the drafter `spec` names (auto|none|PATH) into `engine`; the problem, or None.
+
+    'auto' loads the drafter shipped for the default model only where the served model
+    is the one it was trained for (any other model: nothing, no error), and adds method
+    'drafter' to the defaults unless --methods chose them."""
+    from jumpahead.engine.drafter import Drafter, DrafterError, default_drafter_path
+    from jumpahead.engine.methods import drafter_pays
+
+    log = logging.getLogger("jumpahead.serve")
+    if spec in (None, "", "none", "off"):
+        if "drafter" in engine.config.default_methods:
+            return "--methods drafter needs a drafter (--drafter PATH)"
+        return None
+    auto = spec == "auto"
+    path = default_drafter_path() if auto else Path(spec)
+    if auto and not path.is_dir():
+        return None
+    try:
+        engine.attach_drafter(Drafter.load(path, target=engine.model))
+    except DrafterError as exc:
+        if auto:
+            log.info("drafter: the shipped one is not for this model (%s)", exc)
+            return "--methods drafter needs a drafter (--drafter PATH)" if "drafter" in engine.config.default_methods \
+                else None
+        return f"cannot use drafter {spec}: {exc}"
+    if not explicit_methods and drafter_pays() and "drafter" not in engine.config.default_methods:
+        engine.config.default_methods = (*engine.config.default_methods, "drafter")
+    log.info("drafter: %s", path)
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -253,6 +291,11 @@ def run(args: argparse.Namespace) -> int:
     elif "draft" in methods:
         engine.close()
         print("jumpahead: --methods draft needs --draft-model", file=sys.stderr)
+        return 2
+    problem = attach_drafter(engine, getattr(args, "drafter", "none"), explicit_methods=args.methods is not None)
+    if problem:
+        engine.close()
+        print(f"jumpahead: {problem}", file=sys.stderr)
         return 2
 
     import uvicorn

@@ -24,6 +24,8 @@ KINDS: dict[str, tuple[str, str]] = {
                      "(sliding, sinks, MLA, hybrid recurrent) for the other benches' --model"),
     "kv": ("jumpahead.bench.kv", "quantized KV cache: next-token agreement and logit error vs full precision "
            "at agent contexts, bytes per token, what fits 1 GiB"),
+    "draft": ("jumpahead.bench.draft", "the learned drafter vs ordinary decoding (B=1, B=4), echo vs echo + drafter, "
+              "a mixed batch; outputs checked token for token"),
     "trace-size": ("jumpahead.bench.trace_size", "trace file bytes: delta-encoded turn lines vs every turn whole"),
 }
 

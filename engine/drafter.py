@@ -196,8 +196,8 @@ class DrafterProposer:
             self.cooldown -= 1
             return None
         k = min(self.k, max_len)
-        if k <= 0 or view.hidden is None:
-            return None
+        if k <= 0 or view.hidden is None or len(view.tokens) <= view.prompt_len:
+            return None  # (before the first token, the pending one is not chosen yet)
         return Proposal(self.round_group.draft(self, view, k), "drafter")
 
     def feedback(self, proposal: Proposal, accepted: int) -> None:

@@ -349,6 +349,9 @@ class Engine:
     def metrics(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.scheduler.counters)
         out["width_policy"] = self.scheduler.width_policy.as_dict()
+        methods = self.scheduler.totals.as_dict().get("methods")
+        if methods:
+            out["methods"] = methods  # verified proposals per method: accepted lengths, propose time
         if self.prefix_cache is not None:
             out["prefix_cache"] = self.prefix_cache.stats()
         out["memory"] = self.memory()

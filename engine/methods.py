@@ -35,6 +35,13 @@ STRICT = "strict"  # strict fill: built by engine/strict.py, on unless a list sa
 # arms no slower, copy-heavy turns faster (BENCHMARKS.md, "Exact methods by default").
 # Strict fill is not listed: it runs unless a list says none/off (engine/strict.py).
 SERVER_DEFAULT: tuple[str, ...] = ("echo",)
+# Whether `serve` adds method "drafter" to the defaults when it loads a drafter
+# (app/serve.py attach_drafter): only where `jumpahead bench draft` shows it paying.
+DRAFTER_BY_DEFAULT = False
+
+
+def drafter_pays() -> bool:
+    return DRAFTER_BY_DEFAULT
 
 
 @dataclass(frozen=True)

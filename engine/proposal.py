@@ -93,6 +93,25 @@ class ProposalStats:
     forwards: int = 0
     propose_s: float = 0.0
     declined: dict[str, str] = field(default_factory=dict)  # proposer -> reason
+    # verified proposals per proposer: proposals, proposed, accepted, histogram of
+    # accepted lengths (index = tokens accepted), time spent proposing
+    methods: dict[str, dict] = field(default_factory=dict)
+
+    def method(self, name: str) -> dict:
+        m = self.methods.get(name)
+        if m is None:
+            m = self.methods[name] = {"proposals": 0, "proposed": 0, "accepted": 0, "accepted_histogram": [],
+                                      "propose_ms": 0.0}
+        return m
+
+    def note_verified(self, name: str, proposed: int, accepted: int) -> None:
+        m = self.method(name)
+        m["proposals"] += 1
+        m["proposed"] += proposed
+        m["accepted"] += accepted
+        hist = m["accepted_histogram"]
+        hist += [0] * (accepted + 1 - len(hist))
+        hist[accepted] += 1
 
     def as_dict(self) -> dict:
         return {
@@ -107,4 +126,7 @@ class ProposalStats:
             "forwards": self.forwards,
             "propose_ms": round(self.propose_s * 1000, 3),
             **({"declined": dict(self.declined)} if self.declined else {}),
+            **({"methods": {k: {**v, "propose_ms": round(v["propose_ms"], 3), "accepted_histogram":
+                                list(v["accepted_histogram"])} for k, v in self.methods.items()}}
+               if self.methods else {}),
         }

@@ -21,7 +21,7 @@ import numpy as np
 from .forecast import note_copy, remaining
 from .logprobs import token_logprob
 from .model_runner import ModelRunner
-from .proposal import VERIFIED_KINDS, Proposal
+from .proposal import VERIFIED_KINDS, Proposal, ProposalStats
 from .row import Row
 from .width_policy import LONG_MATCH, Acceptance, WidthPolicy, expected_accepted, prior_rate
 
@@ -71,6 +71,7 @@ class Scheduler:
         self.waiting: deque[Row] = deque()
         self.inbox: queue.SimpleQueue[Row] = queue.SimpleQueue()
         self.counters: Counter[str] = Counter()
+        self.totals = ProposalStats()  # per-method verified telemetry over every row (/metrics "methods")
         self.prefix_cache: PrefixCache | None = None  # set by the Engine (engine/prefix_cache.py)
         self._ahead: tuple[list[Row], mx.array] | None = None  # queued greedy round
         self.width_policy = WidthPolicy()
@@ -210,7 +211,12 @@ class Scheduler:
             for proposer in proposers:
                 if unpaid and proposer.name in VERIFIED_KINDS:
                     continue
+                asked = time.perf_counter()
                 prop = proposer.propose(view, budget)
+                if proposer.name in VERIFIED_KINDS:
+                    ms = (time.perf_counter() - asked) * 1000
+                    row.stats.method(proposer.name)["propose_ms"] += ms
+                    self.totals.method(proposer.name)["propose_ms"] += ms
                 if prop is not None and prop.tokens:
                     if asserted_only and not prop.asserted:
                         break
@@ -520,6 +526,9 @@ class Scheduler:
                 row.stats.proposed += k
                 row.stats.accepted += accepted
                 row.stats.rejected += k - accepted
+                name = prop.proposer.name if prop.proposer is not None else prop.kind
+                row.stats.note_verified(name, k, accepted)
+                self.totals.note_verified(name, k, accepted)
                 self.counters["verified_proposed"] += k
                 self.counters["verified_accepted"] += accepted
                 out.append((tokens, kinds, 1 + accepted, accepted,

@@ -1,0 +1,176 @@
+"""`jumpahead bench draft`: the learned drafter vs ordinary decoding, side by side.
+
+Arms run interleaved (order alternating per repeat) in one process on one loaded model;
+each ratio is the median of per-pair ratios (pairs ran back to back), by wall clock and
+by process CPU time. Outputs are compared token for token on every run: any arm whose
+tokens differ from ordinary decoding's fails the benchmark (exit 1), whatever the speed.
+
+1. turns with nothing to copy (held-out prompts: reasoning, new code, prose; none is
+   in the drafter's training data): drafter vs ordinary at B=1 (goal >= 1.5x) and as
+   one batch of 4 (goal >= 1.1x, never below 0.98); tokens per round and accepted
+   draft length (mean and histogram).
+2. copy-heavy turns (bench/echo.py's): echo vs echo + drafter (goal: at least echo alone).
+3. a mixed batch of 4 (two copy-heavy, two plain): echo vs echo + drafter vs ordinary.
+
+`jumpahead bench draft [--drafter PATH] [--tokens N] [--repeats R] [--model M]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
+import mlx.core as mx
+
+from jumpahead.core.output import emit
+from jumpahead.bench.echo import COPY_TASKS, _rows, _summary, chat_prompt
+from jumpahead.engine.drafter import default_drafter_path, read_meta
+from jumpahead.engine.engine import Engine, EngineConfig
+
+# Held out: written for this benchmark, never part of the drafter's training prompts
+# (the task world's training seeds and the public sessions; live/train_drafter.py).
+NOTHING_TO_COPY = [
+    "A train leaves at 3:40 pm and the trip takes 2 hours 35 minutes. Work out step by step when it arrives.",
+    "Write a Python function that merges two sorted lists into one sorted list, with a docstring and tests.",
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain the difference between a process and a thread, with an example of when to use each.",
+]
+
+
+def _method_stats(rows: list[dict[str, Any]], method: str) -> dict[str, Any]:
+    """Proposals, accepted draft length (mean, histogram) and tokens per round, summed over rows."""
+    hist: list[int] = []
+    proposals = accepted = drafted = rounds = tokens = 0
+    for r in rows:
+        fill = r["fill"] or {}
+        m = (fill.get("methods") or {}).get(method) or {}
+        proposals += m.get("proposals", 0)
+        accepted += m.get("accepted", 0)
+        drafted += m.get("proposed", 0)
+        for i, n in enumerate(m.get("accepted_histogram", [])):
+            hist += [0] * (i + 1 - len(hist))
+            hist[i] += n
+        rounds += fill.get("rounds", 0)
+        tokens += len(r["tokens"])
+    return {"proposals": proposals, "drafted": drafted, "accepted": accepted,
+            "mean_accepted_length": round(accepted / proposals, 3) if proposals else 0.0,
+            "acceptance_rate": round(accepted / drafted, 3) if drafted else 0.0,
+            "accepted_histogram": hist, "tokens_per_round": round(tokens / rounds, 3) if rounds else 0.0}
+
+
+def run(drafter: str | None, model: str | None = None, tokens: int = 96, repeats: int = 3) -> dict[str, Any]:
+    path = str(drafter or default_drafter_path())
+    engine = Engine.load(model, EngineConfig(prefix_cache_ssd=False, drafter=path), progress=lambda s: None)
+    tok = engine.tokenizer
+    plain = [chat_prompt(tok, t) for t in NOTHING_TO_COPY]
+    copy = [chat_prompt(tok, t) for t in COPY_TASKS]
+    mixed = [copy[0], plain[0], copy[1], plain[2]]
+    _rows(engine, plain[:1], [["drafter"]], 8)  # warm-up
+    _rows(engine, plain[:1], [[]], 8)
+
+    results: dict[str, list[Any]] = {}
+    mismatches: list[str] = []
+
+    def check(label: str, got: dict[str, Any], reference: str) -> None:
+        want = [r["tokens"] for r in got[reference]["rows"]]
+        for arm, res in got.items():
+            if [r["tokens"] for r in res["rows"]] != want:
+                mismatches.append(f"{label}: arm {arm} differs from {reference}")
+
+    arms_b1 = {"ordinary": [], "drafter": ["drafter"]}
+    arms_copy = {"echo": ["echo"], "echo+drafter": ["echo", "drafter"]}
+    arms_mixed = {"ordinary": [], "echo": ["echo"], "echo+drafter": ["echo", "drafter"]}
+    for r in range(repeats):
+        flip = r % 2 == 1
+        for i, p in enumerate(plain):
+            got = {}
+            for arm in (reversed(list(arms_b1)) if flip else arms_b1):
+                got[arm] = _rows(engine, [p], [arms_b1[arm]], tokens)
+                results.setdefault(f"b1_{arm}", []).append(got[arm]["rows"][0])
+            check(f"B=1 prompt {i} repeat {r}", got, "ordinary")
+        got = {}
+        config = engine.scheduler.config
+        for arm in (("drafter_latency", *reversed(list(arms_b1))) if flip else (*arms_b1, "drafter_latency")):
+            if arm == "drafter_latency":  # every row drafts for its own speed (SchedulerConfig.objective)
+                default, config.objective = config.objective, "latency"
+                got[arm] = _rows(engine, plain, [["drafter"]] * 4, tokens)
+                config.objective = default
+            else:
+                got[arm] = _rows(engine, plain, [arms_b1[arm]] * 4, tokens)
+            results.setdefault(f"b4_{arm}", []).append(got[arm])
+        check(f"B=4 repeat {r}", got, "ordinary")
+        for i, p in enumerate(copy):
+            got = {}
+            for arm in (reversed(list(arms_copy)) if flip else arms_copy):
+                got[arm] = _rows(engine, [p], [arms_copy[arm]], tokens)
+                results.setdefault(f"copy_{arm}", []).append(got[arm]["rows"][0])
+            check(f"copy-heavy prompt {i} repeat {r}", got, "echo")
+        got = {}
+        for arm in (reversed(list(arms_mixed)) if flip else arms_mixed):
+            got[arm] = _rows(engine, mixed, [arms_mixed[arm]] * 4, tokens)
+            results.setdefault(f"mixed_{arm}", []).append(got[arm])
+        check(f"mixed batch repeat {r}", got, "ordinary")
+
+    engine.close()
+    b4_rows = [row for res in results["b4_drafter"] for row in res["rows"]]
+    return {
+        "bench": "draft",
+        "model": engine.info.name,
+        "drafter": path,
+        "drafter_training": read_meta(path).get("training", {}),
+        "device": str(mx.default_device()),
+        "tokens_per_row": tokens,
+        "repeats": repeats,
+        "identical_outputs": not mismatches,
+        "mismatches": mismatches,
+        "nothing_to_copy_b1": {
+            "drafter_vs_ordinary": _summary(results["b1_drafter"], results["b1_ordinary"], "tps"),
+            "target": "ratio >= 1.5",
+            "drafter": _method_stats(results["b1_drafter"], "drafter"),
+        },
+        "nothing_to_copy_b4": {
+            "drafter_vs_ordinary": _summary(results["b4_drafter"], results["b4_ordinary"], "agg_tps"),
+            "target": "ratio >= 1.1, never below 0.98",
+            "per_pair_ratios_wall": [round(a["agg_tps"] / b["agg_tps"], 3)
+                                     for a, b in zip(results["b4_drafter"], results["b4_ordinary"])],
+            "drafter": _method_stats(b4_rows, "drafter"),
+            "objective": "throughput (the server's default: a row verifies in a shared batch only while "
+                         "requests wait or when the batch waits on it last)",
+            "latency_objective_vs_ordinary": _summary(results["b4_drafter_latency"], results["b4_ordinary"],
+                                                      "agg_tps"),
+            "latency_objective_drafter": _method_stats(
+                [row for res in results["b4_drafter_latency"] for row in res["rows"]], "drafter"),
+        },
+        "copy_heavy_b1": {
+            "echo_and_drafter_vs_echo": _summary(results["copy_echo+drafter"], results["copy_echo"], "tps"),
+            "target": "ratio >= 1.0",
+            "drafter": _method_stats(results["copy_echo+drafter"], "drafter"),
+            "echo": _method_stats(results["copy_echo+drafter"], "echo"),
+        },
+        "mixed_batch_4": {
+            "echo_and_drafter_vs_echo": _summary(results["mixed_echo+drafter"], results["mixed_echo"], "agg_tps"),
+            "echo_and_drafter_vs_ordinary": _summary(results["mixed_echo+drafter"], results["mixed_ordinary"],
+                                                     "agg_tps"),
+            "echo_vs_ordinary": _summary(results["mixed_echo"], results["mixed_ordinary"], "agg_tps"),
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="jumpahead bench draft", description=__doc__.splitlines()[0])
+    parser.add_argument("--drafter", default=None, metavar="PATH",
+                        help="drafter folder (default: the one shipped for the default model)")
+    parser.add_argument("--model", default=None, metavar="PATH", help="target model (default: the embedded one)")
+    parser.add_argument("--tokens", type=int, default=96, help="tokens per row (default: 96)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default=None, metavar="FILE", help="also write the JSON here")
+    args = parser.parse_args(argv)
+    out = run(args.drafter, args.model, args.tokens, args.repeats)
+    if out["mismatches"]:
+        print("jumpahead bench draft: " + "; ".join(out["mismatches"]), file=sys.stderr)
+    return emit(out, args.out)  # exit 1, BENCH FAILED, where identical_outputs is false
+
+if __name__ == "__main__":
+    raise SystemExit(main())

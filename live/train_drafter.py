@@ -1,0 +1,399 @@
+"""`jumpahead train-drafter`: train the learned drafter (engine/drafter.py) for a target.
+
+Self-distilled: the target writes its own data. Training prompts come from the task
+world's training seeds (every assistant turn of their trajectories, never a held-out
+seed) and from the public agent sessions in ../shared/traces/public (where present),
+each cut to its last `--context` tokens. The target then
+
+1. continues each prompt greedily (`--continue-tokens`, in batches through the real
+   engine) until `--generate-minutes` is spent, and
+2. runs one forward over every sequence (prompt tail + its continuation, and prompt
+   tail + the recorded answer) keeping, per position, its final hidden state h_t and
+   its own greedy choice y_t (the argmax: what the drafter must predict).
+
+The drafter learns (h_t, x_{t+1}) -> y_{t+1} and, chained on its own predicted hidden
+state, (h'_{t+1}, x_{t+2}) -> y_{t+2}, with a regression of h'_{t+1} onto h_{t+1};
+the head covers the `--draft-vocab` labels seen most often and starts from the
+target's embedding rows. Validation top-1 (step 1 and chained step 2) on held-back
+sequences is what acceptance will look like. None of the benchmark's prompts
+(bench/draft.py) is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import math
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+
+from jumpahead.engine.drafter import Drafter, default_drafter_path, target_fingerprint
+from jumpahead.traces.progress import Progress
+
+SHARED_PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "public"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="drafter folder to write (default: the one shipped for the default model, "
+                             "engine/drafters/smollm2-135m)")
+    parser.add_argument("--model", default=None, metavar="PATH", help="target model (default: the embedded one)")
+    parser.add_argument("--world-tasks", type=int, default=100, help="training-seed trajectories of the task world")
+    parser.add_argument("--sessions", default=str(SHARED_PUBLIC), metavar="DIR",
+                        help="public agent sessions to take prompts from (skipped where absent)")
+    parser.add_argument("--session-turns", type=int, default=160, help="most public-session turns used")
+    parser.add_argument("--code-prompts", type=int, default=400,
+                        help="coding and prose requests built from the standard library's sources")
+    parser.add_argument("--batch-rows", type=int, default=16, help="rows the engine generates together")
+    parser.add_argument("--context", type=int, default=384, help="prompt tokens kept before each answer")
+    parser.add_argument("--continue-tokens", type=int, default=128, help="greedy tokens the target writes per prompt")
+    parser.add_argument("--generate-minutes", type=float, default=14.0, help="time for the greedy continuations")
+    parser.add_argument("--train-minutes", type=float, default=12.0, help="time for training")
+    parser.add_argument("--batch", type=int, default=512, help="positions per training step")
+    parser.add_argument("--ffn", type=int, default=1024, help="the drafter's SwiGLU width")
+    parser.add_argument("--draft-vocab", type=int, default=4096, help="target tokens the head can draft")
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+# --- prompts --------------------------------------------------------------------------
+
+
+def _ids(tokenizer: Any, messages: list[dict], tools: list | None, **kw: Any) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, tools=tools, return_dict=False, **kw)
+    return [int(i) for i in (ids["input_ids"] if hasattr(ids, "input_ids") else ids)]
+
+
+def world_pairs(tokenizer: Any, n_tasks: int, context: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt tail, recorded answer) for every assistant turn of `n_tasks` training trajectories."""
+    from jumpahead.live.trajectories import generate
+    from jumpahead.live.world import split_seeds
+
+    out = []
+    for traj in generate(split_seeds("train", n_tasks)):
+        msgs, tools = traj["messages"], traj["tools"]
+        for i, m in enumerate(msgs):
+            if m["role"] != "assistant":
+                continue
+            prompt = _ids(tokenizer, msgs[:i], tools, add_generation_prompt=True)
+            whole = _ids(tokenizer, msgs[: i + 1], tools)
+            if whole[: len(prompt)] == prompt and len(whole) > len(prompt):
+                out.append((prompt[-context:], whole[len(prompt):][:256]))
+    return out
+
+
+def session_pairs(tokenizer: Any, folder: str, context: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt tail, recorded answer) for the public sessions' assistant turns."""
+    from jumpahead.traces.formats import load_sessions
+    from jumpahead.traces.replay import ReplayOptions, plan_session
+
+    out = []
+    for path in sorted(glob.glob(str(Path(folder) / "*" / "*"))):
+        if path.endswith(".md"):
+            continue
+        try:
+            sessions = load_sessions(path)
+        except Exception as exc:  # a file no importer reads: say so, go on
+            print(f"train-drafter: skipping {path}: {exc}", file=sys.stderr)
+            continue
+        for session in sessions:
+            planned, _, _ = plan_session(session, tokenizer, 8192, ReplayOptions(arms=[], turns=None, max_context=4096, max_output_tokens=None))
+            out += [(p.prompt[-context:], p.tokens[:256]) for p in planned]
+    return out
+
+
+def code_prompts(tokenizer: Any, n: int, rng: random.Random) -> list[list[int]]:
+    """Coding and prose requests built from the Python standard library's own sources
+    (functions to explain, test or rewrite; module docs to summarize or use): the
+    kinds of answer an agent writes besides tool calls, from text on every machine."""
+    import ast
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.glob("*.py") if not p.name.startswith("_"))
+    funcs, docs = [], []
+    for path in files:
+        try:
+            text = path.read_text()
+            tree = ast.parse(text)
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        doc = ast.get_docstring(tree)
+        if doc and len(doc) > 200:
+            docs.append((path.stem, doc[:900]))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and 4 <= (node.end_lineno or 0) - node.lineno <= 30:
+                funcs.append(ast.get_source_segment(text, node) or "")
+    asks = ["Explain what this Python function does, step by step:", "Write unit tests with pytest for this function:",
+            "Rewrite this function with type hints and a docstring:", "Find possible bugs in this function:",
+            "Describe how to use this function, with an example:"]
+    about = ["Summarize this documentation in plain words:", "Write a short example program that uses the `{}` "
+             "module as described here:", "List the main points of this text:"]
+    out = []
+    for i in range(n):
+        if i % 3 == 2 and docs:
+            name, doc = rng.choice(docs)
+            text = f"{rng.choice(about).format(name)}\n\n{doc}"
+        else:
+            text = f"{rng.choice(asks)}\n```python\n{rng.choice(funcs)}\n```"
+        out.append(_ids(tokenizer, [{"role": "user", "content": text}], None, add_generation_prompt=True))
+    return out
+
+
+# --- the target writes the data --------------------------------------------------------
+
+
+class HiddenRecorder:
+    """A proposer that proposes nothing and keeps, each round, the row's pending token
+    and the target's hidden state that chose it (RowView.hidden): the drafter's inputs,
+    straight from the engine's own decoding, with no second forward."""
+
+    name = "hidden-recorder"
+
+    def __init__(self) -> None:
+        self.hidden: list[np.ndarray] = []
+        self.tokens: list[int] = []
+
+    def propose(self, view: Any, max_len: int) -> None:
+        if len(view.tokens) > view.prompt_len and view.hidden is not None:  # not before the first token
+            self.hidden.append(np.array(view.hidden.astype(mx.float16)))
+            self.tokens.append(int(view.tokens[-1]))
+        return None
+
+    def feedback(self, proposal: Any, accepted: int) -> None:
+        pass
+
+
+def generate(engine: Any, prompts: list[list[int]], n: int, minutes: float,
+             progress: Progress) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Greedy continuations of `prompts` through the real engine (batches of its
+    max_batch) until time is up: per prompt, the hidden states [n, D] and pending tokens [n]."""
+    from jumpahead.engine.types import GenerationRequest
+
+    engine.runner.keep_hidden = True
+
+    async def one(prompt: list[int]) -> HiddenRecorder:
+        rec = HiddenRecorder()
+        async for _ in engine.stream(GenerationRequest(prompt=prompt, max_tokens=n, methods=["off"], proposers=[rec])):
+            pass
+        return rec
+
+    async def batch(ps: list[list[int]]) -> list[HiddenRecorder]:
+        return await asyncio.gather(*[one(p) for p in ps])
+
+    deadline = time.monotonic() + minutes * 60
+    out = []
+    size = engine.config.max_batch
+    for i in range(0, len(prompts), size):
+        if time.monotonic() > deadline:
+            break
+        for rec in asyncio.run(batch(prompts[i : i + size])):
+            if len(rec.tokens) > 3:
+                out.append((np.stack(rec.hidden), np.array(rec.tokens, dtype=np.int32)))
+        progress.advance(min(size, len(prompts) - i))
+        if (i // size) % 5 == 0:
+            say(f"{len(out)} continuations, {sum(len(t) for _, t in out)} tokens")
+    return out
+
+
+# --- training -------------------------------------------------------------------------
+#
+# Layout: the rows' records concatenated; X[i] is a row's pending token at round i and
+# H[i] the hidden state that chose it, so the drafter's step maps (H[i], X[i]) to X[i+1]
+# (regressing its hidden onto H[i+1]), and chained, (h', X[i+1]) to X[i+2].
+
+
+def examples(starts: np.ndarray) -> np.ndarray:
+    """Indices i with i+2 in the same row (two chained steps)."""
+    return np.concatenate([np.arange(a, b - 2) for a, b in zip(starts[:-1], starts[1:]) if b - a > 2])
+
+
+def draft_vocab(tokens: np.ndarray, size: int) -> np.ndarray:
+    counts = np.bincount(tokens)
+    return np.argsort(-counts, kind="stable")[:size].astype(np.int32)
+
+
+class Trainer:
+    def __init__(self, drafter: Drafter, embed: nn.Module, t2d: mx.array, lr: float, steps: int) -> None:
+        self.drafter, self.embed, self.t2d = drafter, embed, t2d
+        warm = min(100, max(1, steps // 10))
+        schedule = optim.join_schedules([optim.linear_schedule(lr / 20, lr, warm),
+                                         optim.cosine_decay(lr, max(steps, 1), lr / 20)], [warm])
+        self.opt = optim.AdamW(learning_rate=schedule, weight_decay=0.0)
+        self.grad = nn.value_and_grad(drafter, self.loss)
+
+    def loss(self, h0: mx.array, h1: mx.array, x1: mx.array, x2: mx.array, y1: mx.array, y2: mx.array) -> mx.array:
+        d = self.drafter
+        p1, l1 = d.step(h0, self.embed(x1))
+        _, l2 = d.step(p1, self.embed(x2))
+        total = mx.array(0.0)
+        for logits, y in ((l1, y1), (l2, y2)):
+            target = self.t2d[y]
+            keep = target >= 0
+            ce = nn.losses.cross_entropy(logits, mx.maximum(target, 0))
+            total = total + (ce * keep).sum() / mx.maximum(keep.sum(), 1)
+        return total + nn.losses.smooth_l1_loss(p1, h1, reduction="mean")
+
+    def step(self, *batch: mx.array) -> float:
+        loss, grads = self.grad(*batch)
+        self.opt.update(self.drafter, grads)
+        mx.eval(self.drafter.parameters(), self.opt.state, loss)
+        return float(loss.item())
+
+
+def _batch(H: np.ndarray, X: np.ndarray, idx: np.ndarray) -> tuple[mx.array, ...]:
+    f = lambda a: mx.array(a.astype(np.float32))  # noqa: E731
+    return f(H[idx]), f(H[idx + 1]), mx.array(X[idx]), mx.array(X[idx + 1]), mx.array(X[idx + 1]), mx.array(X[idx + 2])
+
+
+def accuracy(drafter: Drafter, embed: nn.Module, H: np.ndarray, X: np.ndarray, idx: np.ndarray,
+             chunk: int = 2048) -> tuple[float, float]:
+    """Agreement with the target at chained steps 1 and 2 (held-back rows): what the
+    first and the first two drafted tokens of a proposal are accepted at."""
+    hit1 = hit2 = 0
+    for i in range(0, len(idx), chunk):
+        h0, _, x1, _, y1, y2 = _batch(H, X, idx[i : i + chunk])
+        d = drafter.chain(embed, h0, x1, 2)  # step 2 chained on its own draft
+        ok1 = d[:, 0] == y1
+        hit1 += int(ok1.sum().item())
+        hit2 += int((ok1 & (d[:, 1] == y2)).sum().item())
+    return hit1 / max(1, len(idx)), hit2 / max(1, len(idx))
+
+
+def say(text: str) -> None:
+    print(f"train-drafter: {text}", file=sys.stderr, flush=True)
+
+
+def _clock(t0: float) -> str:
+    return f"{(time.monotonic() - t0) / 60:.1f} min"
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    from jumpahead.engine.engine import Engine, EngineConfig
+
+    rng = random.Random(args.seed)
+    mx.random.seed(args.seed)
+    t0 = time.monotonic()
+    engine = Engine.load(args.model, EngineConfig(prefix_cache=False, max_batch=args.batch_rows,
+                                                  default_methods=("none",)),
+                         progress=lambda s: print(s, file=sys.stderr))
+    tok, model = engine.tokenizer, engine.model
+    world = [p for p, _ in world_pairs(tok, args.world_tasks, args.context)]
+    sessions: list[list[int]] = []
+    if args.sessions and Path(args.sessions).is_dir():
+        sessions = [p for p, _ in session_pairs(tok, args.sessions, args.context)]
+        rng.shuffle(sessions)
+        sessions = sessions[: args.session_turns]
+    else:
+        say(f"no public sessions at {args.sessions}: task world and code prompts only")
+    code = code_prompts(tok, args.code_prompts, rng)
+    prompts = world + sessions + code
+    rng.shuffle(prompts)
+    say(f"{len(prompts)} prompts: {len(world)} task world, {len(sessions)} public sessions, {len(code)} code/prose")
+
+    prog = Progress(len(prompts), 1, label="generate")
+    rows = generate(engine, prompts, args.continue_tokens, args.generate_minutes, prog)
+    prog.close()
+    engine.close()
+    if len(rows) < 4:
+        raise ValueError(f"only {len(rows)} continuations in {args.generate_minutes} min: give it more time")
+    say(f"{len(rows)} greedy continuations, {sum(len(t) for _, t in rows)} tokens, at {_clock(t0)}")
+
+    n_valid = max(2, len(rows) // 20)
+    order = list(range(len(rows)))
+    rng.shuffle(order)
+    rows = [rows[i] for i in order]
+    H = np.concatenate([h for h, _ in rows])
+    X = np.concatenate([t for _, t in rows])
+    starts = np.cumsum([0] + [len(t) for _, t in rows])
+    valid_end = int(starts[n_valid])
+    idx = examples(starts)
+    valid, train_idx = idx[idx < valid_end], idx[idx >= valid_end]
+    d2t = draft_vocab(X[valid_end:], args.draft_vocab)
+    t2d = np.full(int(model.model.embed_tokens.weight.shape[0]), -1, dtype=np.int32)
+    t2d[d2t] = np.arange(len(d2t), dtype=np.int32)
+    covered = float((t2d[X[valid_end:]] >= 0).mean())
+
+    drafter = Drafter(int(H.shape[1]), args.ffn, len(d2t))
+    drafter.d2t = mx.array(d2t)
+    drafter.freeze(keys=["d2t"], recurse=False)
+    embed = model.model.embed_tokens
+    drafter.head.weight = embed.weight[mx.array(d2t)].astype(mx.float32)  # start from the target's own rows
+    mx.eval(drafter.parameters())
+
+    # steps the time allows, from a short timing run (the cosine schedule needs a length)
+    if len(train_idx) == 0:
+        raise ValueError("no training examples: give generation more time or more prompts")
+    batch = min(args.batch, len(train_idx))
+    probe = Trainer(drafter, embed, mx.array(t2d), 0.0, 10)
+    tp = time.monotonic()
+    for i in range(3):
+        probe.step(*_batch(H, X, np.resize(train_idx, (i + 1) * batch)[i * batch :]))
+    steps = max(10, int(args.train_minutes * 60 / ((time.monotonic() - tp) / 3)))
+    trainer = Trainer(drafter, embed, mx.array(t2d), args.learning_rate, steps)
+    before = accuracy(drafter, embed, H, X, valid)
+    prog = Progress(steps, 1, label="train")
+    losses: list[float] = []
+    t_start = time.monotonic()
+    shuffled = np.array(train_idx)
+    step = 0
+    while step < steps:
+        np.random.default_rng(args.seed + step).shuffle(shuffled)
+        for i in range(0, len(shuffled) - batch + 1, batch):
+            if step >= steps:
+                break
+            losses.append(trainer.step(*_batch(H, X, shuffled[i : i + batch])))
+            step += 1
+            if step % 20 == 0:
+                prog.begin(f"step {step}/{steps} loss {np.mean(losses[-20:]):.3f}")
+                prog.advance(20)
+            if step % 500 == 0 and not prog.tty:
+                say(f"step {step}/{steps}: loss {np.mean(losses[-100:]):.3f} at {_clock(t0)}")
+    prog.close()
+    after = accuracy(drafter, embed, H, X, valid)
+    summary = {
+        "prompts": {"task_world": len(world), "public_sessions": len(sessions), "code_and_prose": len(code)},
+        "continuations": len(rows), "tokens": int(len(X)), "train_examples": int(len(train_idx)),
+        "valid_examples": int(len(valid)), "draft_vocab": len(d2t), "vocab_coverage": round(covered, 4),
+        "steps": step, "step_ms": round((time.monotonic() - t_start) / max(step, 1) * 1000, 1),
+        "final_loss": round(float(np.mean(losses[-50:])), 4) if losses else None,
+        "valid_step1_before": round(before[0], 4), "valid_step1": round(after[0], 4),
+        "valid_steps_1_and_2": round(after[1], 4), "minutes": round((time.monotonic() - t0) / 60, 1),
+        "args": {k: v for k, v in vars(args).items() if k not in ("func", "command")},
+    }
+    out = Path(args.out) if args.out else default_drafter_path()
+    drafter.save(out, target_fingerprint(model), {"training": summary})
+    summary["out"] = str(out)
+    return summary
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    try:
+        summary = train(args)
+    except (OSError, ValueError) as exc:
+        print(f"jumpahead train-drafter: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="jumpahead train-drafter", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
