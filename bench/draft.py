@@ -43,12 +43,14 @@ def _method_stats(rows: list[dict[str, Any]], method: str) -> dict[str, Any]:
     """Proposals, accepted draft length (mean, histogram) and tokens per round, summed over rows."""
     hist: list[int] = []
     proposals = accepted = drafted = rounds = tokens = 0
+    propose_ms = 0.0
     for r in rows:
         fill = r["fill"] or {}
         m = (fill.get("methods") or {}).get(method) or {}
         proposals += m.get("proposals", 0)
         accepted += m.get("accepted", 0)
         drafted += m.get("proposed", 0)
+        propose_ms += m.get("propose_ms", 0.0)
         for i, n in enumerate(m.get("accepted_histogram", [])):
             hist += [0] * (i + 1 - len(hist))
             hist[i] += n
@@ -57,7 +59,8 @@ def _method_stats(rows: list[dict[str, Any]], method: str) -> dict[str, Any]:
     return {"proposals": proposals, "drafted": drafted, "accepted": accepted,
             "mean_accepted_length": round(accepted / proposals, 3) if proposals else 0.0,
             "acceptance_rate": round(accepted / drafted, 3) if drafted else 0.0,
-            "accepted_histogram": hist, "tokens_per_round": round(tokens / rounds, 3) if rounds else 0.0}
+            "accepted_histogram": hist, "propose_ms_per_proposal": round(propose_ms / proposals, 3) if proposals
+            else 0.0, "tokens_per_round": round(tokens / rounds, 3) if rounds else 0.0}
 
 
 def run(drafter: str | None, model: str | None = None, tokens: int = 96, repeats: int = 3) -> dict[str, Any]:

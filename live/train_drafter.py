@@ -1,22 +1,19 @@
 """`jumpahead train-drafter`: train the learned drafter (engine/drafter.py) for a target.
 
-Self-distilled: the target writes its own data. Training prompts come from the task
-world's training seeds (every assistant turn of their trajectories, never a held-out
-seed) and from the public agent sessions in ../shared/traces/public (where present),
-each cut to its last `--context` tokens. The target then
+Self-distilled: the target writes its own data. Training prompts are every assistant
+turn of the task world's training-seed trajectories (never a held-out seed), the
+public agent sessions in ../shared/traces/public where present (each cut to its last
+`--context` tokens), and coding and prose requests built from the Python standard
+library's sources. The real engine continues them greedily (`--continue-tokens`, rows
+batched) until `--generate-minutes` is spent, and a recording proposer keeps, at every
+round, each row's pending token and the hidden state that chose it: exactly what the
+drafter reads when serving, with no second forward.
 
-1. continues each prompt greedily (`--continue-tokens`, in batches through the real
-   engine) until `--generate-minutes` is spent, and
-2. runs one forward over every sequence (prompt tail + its continuation, and prompt
-   tail + the recorded answer) keeping, per position, its final hidden state h_t and
-   its own greedy choice y_t (the argmax: what the drafter must predict).
-
-The drafter learns (h_t, x_{t+1}) -> y_{t+1} and, chained on its own predicted hidden
-state, (h'_{t+1}, x_{t+2}) -> y_{t+2}, with a regression of h'_{t+1} onto h_{t+1};
-the head covers the `--draft-vocab` labels seen most often and starts from the
-target's embedding rows. Validation top-1 (step 1 and chained step 2) on held-back
-sequences is what acceptance will look like. None of the benchmark's prompts
-(bench/draft.py) is used.
+The drafter learns (h_t, x_{t+1}) -> x_{t+2} and, chained on its own predicted hidden
+state, (h'_{t+1}, x_{t+2}) -> x_{t+3}, with a regression of h'_{t+1} onto h_{t+1}; the
+head covers the `--draft-vocab` tokens the target emits most and starts from the
+target's embedding rows. Agreement at chained steps 1 and 2 on held-back rows is what
+acceptance will look like. None of the benchmark's prompts (bench/draft.py) is used.
 """
 
 from __future__ import annotations
