@@ -160,30 +160,27 @@ def attach_drafter(engine: Any, spec: str, explicit_methods: bool) -> str | None
 
     'auto' loads the drafter shipped for the default model only where the served model
     is the one it was trained for (any other model: nothing, no error), and adds method
-    'drafter' to the defaults unless --methods chose them."""
+    'drafter' to the defaults where it pays (engine/methods.py DRAFTER_BY_DEFAULT)
+    unless --methods chose them."""
     from jumpahead.engine.drafter import Drafter, DrafterError, default_drafter_path
-    from jumpahead.engine.methods import drafter_pays
+    from jumpahead.engine.methods import DRAFTER_BY_DEFAULT
 
     log = logging.getLogger("jumpahead.serve")
-    if spec in (None, "", "none", "off"):
+    auto = spec == "auto"
+    path = default_drafter_path() if auto else None if spec in (None, "", "none", "off") else Path(spec)
+    if path is not None and (not auto or path.is_dir()):  # auto: only where the shipped one exists
+        try:
+            engine.attach_drafter(Drafter.load(path, target=engine.model))
+            log.info("drafter: %s", path)
+        except DrafterError as exc:
+            if not auto:
+                return f"cannot use drafter {spec}: {exc}"
+            log.info("drafter: the shipped one is not for this model (%s)", exc)
+    if engine.drafter is None:
         if "drafter" in engine.config.default_methods:
             return "--methods drafter needs a drafter (--drafter PATH)"
-        return None
-    auto = spec == "auto"
-    path = default_drafter_path() if auto else Path(spec)
-    if auto and not path.is_dir():
-        return None
-    try:
-        engine.attach_drafter(Drafter.load(path, target=engine.model))
-    except DrafterError as exc:
-        if auto:
-            log.info("drafter: the shipped one is not for this model (%s)", exc)
-            return "--methods drafter needs a drafter (--drafter PATH)" if "drafter" in engine.config.default_methods \
-                else None
-        return f"cannot use drafter {spec}: {exc}"
-    if not explicit_methods and drafter_pays() and "drafter" not in engine.config.default_methods:
+    elif DRAFTER_BY_DEFAULT and not explicit_methods and "drafter" not in engine.config.default_methods:
         engine.config.default_methods = (*engine.config.default_methods, "drafter")
-    log.info("drafter: %s", path)
     return None
 
 

@@ -40,10 +40,6 @@ SERVER_DEFAULT: tuple[str, ...] = ("echo",)
 DRAFTER_BY_DEFAULT = False
 
 
-def drafter_pays() -> bool:
-    return DRAFTER_BY_DEFAULT
-
-
 @dataclass(frozen=True)
 class MethodArm:
     """A replay arm that runs one method alone (traces/arms.py): `[method, "none"]`

@@ -392,6 +392,11 @@ class Scheduler:
                 # token; Row.commit counts cut-off accepted tokens as rejected.
                 consumed = min(consumed, taken)
                 self.counters["verified_accepted"] -= max(0, accepted - taken)
+            if prop is not None and not prop.asserted:
+                # per method, only the accepted tokens that were emitted (as Row.commit counts)
+                name = prop.proposer.name if prop.proposer is not None else prop.kind
+                row.stats.note_verified(name, len(prop.tokens), min(accepted, taken))
+                self.totals.note_verified(name, len(prop.tokens), min(accepted, taken))
             counts.append(consumed)
             if row.finish_reason is not None:
                 done.append(i)
@@ -526,9 +531,6 @@ class Scheduler:
                 row.stats.proposed += k
                 row.stats.accepted += accepted
                 row.stats.rejected += k - accepted
-                name = prop.proposer.name if prop.proposer is not None else prop.kind
-                row.stats.note_verified(name, k, accepted)
-                self.totals.note_verified(name, k, accepted)
                 self.counters["verified_proposed"] += k
                 self.counters["verified_accepted"] += accepted
                 out.append((tokens, kinds, 1 + accepted, accepted,

@@ -71,8 +71,9 @@ def _ids(tokenizer: Any, messages: list[dict], tools: list | None, **kw: Any) ->
     return [int(i) for i in (ids["input_ids"] if hasattr(ids, "input_ids") else ids)]
 
 
-def world_pairs(tokenizer: Any, n_tasks: int, context: int) -> list[tuple[list[int], list[int]]]:
-    """(prompt tail, recorded answer) for every assistant turn of `n_tasks` training trajectories."""
+def world_prompts(tokenizer: Any, n_tasks: int, context: int) -> list[list[int]]:
+    """The prompt tail before every assistant turn of `n_tasks` training trajectories
+    (turns the template renders as a continuation of their prompt)."""
     from jumpahead.live.trajectories import generate
     from jumpahead.live.world import split_seeds
 
@@ -85,12 +86,12 @@ def world_pairs(tokenizer: Any, n_tasks: int, context: int) -> list[tuple[list[i
             prompt = _ids(tokenizer, msgs[:i], tools, add_generation_prompt=True)
             whole = _ids(tokenizer, msgs[: i + 1], tools)
             if whole[: len(prompt)] == prompt and len(whole) > len(prompt):
-                out.append((prompt[-context:], whole[len(prompt):][:256]))
+                out.append(prompt[-context:])
     return out
 
 
-def session_pairs(tokenizer: Any, folder: str, context: int) -> list[tuple[list[int], list[int]]]:
-    """(prompt tail, recorded answer) for the public sessions' assistant turns."""
+def session_prompts(tokenizer: Any, folder: str, context: int) -> list[list[int]]:
+    """The prompt tail before each of the public sessions' assistant turns."""
     from jumpahead.traces.formats import load_sessions
     from jumpahead.traces.replay import ReplayOptions, plan_session
 
@@ -104,8 +105,8 @@ def session_pairs(tokenizer: Any, folder: str, context: int) -> list[tuple[list[
             print(f"train-drafter: skipping {path}: {exc}", file=sys.stderr)
             continue
         for session in sessions:
-            planned, _, _ = plan_session(session, tokenizer, 8192, ReplayOptions(arms=[], turns=None, max_context=4096, max_output_tokens=None))
-            out += [(p.prompt[-context:], p.tokens[:256]) for p in planned]
+            options = ReplayOptions(arms=[], turns=None, max_context=4096, max_output_tokens=None)
+            out += [p.prompt[-context:] for p in plan_session(session, tokenizer, 8192, options)[0]]
     return out
 
 
@@ -285,10 +286,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                                                   default_methods=("none",)),
                          progress=lambda s: print(s, file=sys.stderr))
     tok, model = engine.tokenizer, engine.model
-    world = [p for p, _ in world_pairs(tok, args.world_tasks, args.context)]
+    world = world_prompts(tok, args.world_tasks, args.context)
     sessions: list[list[int]] = []
     if args.sessions and Path(args.sessions).is_dir():
-        sessions = [p for p, _ in session_pairs(tok, args.sessions, args.context)]
+        sessions = session_prompts(tok, args.sessions, args.context)
         rng.shuffle(sessions)
         sessions = sessions[: args.session_turns]
     else:

@@ -169,8 +169,8 @@ def test_telemetry_adds_up(dengine):
     hist = m["accepted_histogram"]
     assert sum(hist) == m["proposals"] > 0
     assert sum(i * n for i, n in enumerate(hist)) == m["accepted"] <= m["proposed"]
-    assert out[0]["kinds"].count("drafter") == out[0]["fill"]["tokens"].get("drafter", 0)
-    assert out[0]["fill"]["tokens"].get("drafter", 0) <= m["accepted"]
+    assert out[0]["kinds"].count("drafter") == out[0]["fill"]["tokens"].get("drafter", 0) == m["accepted"]
+    assert out[0]["fill"]["verified"]["accepted"] == m["accepted"]  # the row's own count agrees
     after = dengine.metrics()["methods"]["drafter"]
     assert after["proposals"] - before["proposals"] == m["proposals"]
 
