@@ -89,19 +89,23 @@ class ProposalStats:
     accepted: int = 0
     rejected: int = 0
     capped: int = 0  # proposed tokens not carried: not worth their cost (width_policy)
+    # rounds where a later proposer's proposal was carried over an earlier proposer's
+    # verified one (more expected accepted tokens, or asserted; engine/scheduler.py _propose)
+    later_won: int = 0
     rounds: int = 0
     forwards: int = 0
     propose_s: float = 0.0
     declined: dict[str, str] = field(default_factory=dict)  # proposer -> reason
-    # verified proposals per proposer: proposals, proposed, accepted, histogram of
-    # accepted lengths (index = tokens accepted), time spent proposing
+    # verified proposals per proposer: proposals (carried), proposed, accepted, histogram
+    # of accepted lengths (index = tokens accepted), time spent proposing (every ask),
+    # outranked (proposals not carried: another proposal of the round was preferred)
     methods: dict[str, dict] = field(default_factory=dict)
 
     def method(self, name: str) -> dict:
         m = self.methods.get(name)
         if m is None:
             m = self.methods[name] = {"proposals": 0, "proposed": 0, "accepted": 0, "accepted_histogram": [],
-                                      "propose_ms": 0.0}
+                                      "propose_ms": 0.0, "outranked": 0}
         return m
 
     def note_verified(self, name: str, proposed: int, accepted: int) -> None:
@@ -121,6 +125,7 @@ class ProposalStats:
                 "accepted": self.accepted,
                 "rejected": self.rejected,
                 "capped": self.capped,
+                "later_won": self.later_won,
             },
             "rounds": self.rounds,
             "forwards": self.forwards,

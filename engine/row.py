@@ -104,14 +104,17 @@ class Row:
                        self.hidden)
 
     def commit(self, tokens: list[int], kinds: list[TokenKind], accepted: int = 0,
-               sources: list[int | None] | None = None, logprobs: list | None = None, proposed: int = 0) -> None:
+               sources: list[int | None] | None = None, logprobs: list | None = None, proposed: int = 0,
+               method: str | None = None) -> None:
         """Append chosen tokens, apply EOS/stop/length, and emit one chunk.
 
         `accepted`: how many leading tokens are verified proposal tokens (already
         counted in stats.accepted by the scheduler). `sources`: per token, the absolute
         position it was copied from (None: not a copy), for trace provenance.
         `logprobs`: per token, its TokenLogprob or None (rows that asked for them).
-        `proposed`: the proposal tokens this round carried for the row (TokenChunk.proposed)."""
+        `proposed`: the proposal tokens this round carried for the row (TokenChunk.proposed).
+        `method`: the name of the verified method that proposed them (None: none, or
+        asserted), noted in the per-method telemetry before a final chunk reports it."""
         now = time.perf_counter()
         if self.first_token_at is None:
             self.first_token_at = now
@@ -143,6 +146,8 @@ class Row:
         cut = max(0, accepted - len(taken))
         self.stats.accepted -= cut
         self.stats.rejected += cut
+        if method is not None:  # per method, only the accepted tokens that were emitted
+            self.stats.note_verified(method, proposed, accepted - cut)
         self._emit(taken, taken_kinds, sources=None if sources is None else list(sources[: len(taken)]),
                    logprobs=None if logprobs is None else list(logprobs[: len(taken)]), proposed=proposed)
 

@@ -188,16 +188,25 @@ class Scheduler:
         row.prefill_cache = None
 
     def _propose(self, row: Row, asserted_only: bool = False) -> Proposal | None:
-        """Ask the row's proposers in order; the first non-empty proposal wins.
-        `asserted_only`: a verified winner is not used (nothing is sized, counted or
-        fed back for it)."""
+        """The row's proposal for the next round, or None.
+
+        Proposals of a kind outside VERIFIED_KINDS (asserted strict fill and jumps, and
+        their checked forms: tokens a grammar, the template or a plan fixes) keep
+        proposer order: the first one found ends the search and is carried, over any
+        verified proposal found before it. Verified proposals (echo, n-gram, draft,
+        drafter) do not end the search: each is sized by the width policy and the one
+        with the most expected accepted tokens is carried (ties: proposer order); the
+        others are set aside as a proposal capped to nothing is (`_set_aside`).
+        `asserted_only` (the first token): verifying proposers are not asked, and a
+        checked proposal found first means none."""
         if not row.proposers:
             return None
         limit = max(self.config.max_proposal, self.config.max_asserted)
         t0 = time.perf_counter()
         view = row.view()
         budget = min(limit, view.budget - 1)
-        found = None
+        fixed = None  # the first proposal of a kind outside VERIFIED_KINDS
+        candidates: list[tuple[Proposal, int]] = []  # verified, sized, in proposer order (+ tokens capped)
         batch = max(1, len(self.running))
         worth = self._worth(row) if self.config.cost_aware else 0.0
         # When no verified token can pay here (the throughput objective, a row in a
@@ -209,7 +218,7 @@ class Scheduler:
             proposers = [row.cut_by, *(p for p in proposers if p is not row.cut_by)]
         if budget > 0:
             for proposer in proposers:
-                if unpaid and proposer.name in VERIFIED_KINDS:
+                if (unpaid or asserted_only) and proposer.name in VERIFIED_KINDS:
                     continue
                 asked = time.perf_counter()
                 prop = proposer.propose(view, budget)
@@ -217,41 +226,86 @@ class Scheduler:
                     ms = (time.perf_counter() - asked) * 1000
                     row.stats.method(proposer.name)["propose_ms"] += ms
                     self.totals.method(proposer.name)["propose_ms"] += ms
-                if prop is not None and prop.tokens:
-                    if asserted_only and not prop.asserted:
-                        break
-                    if not prop.asserted and not self.runner.trimmable:
-                        row.stats.declined[proposer.name] = (
-                            "model cache cannot be rolled back (recurrent layers without per-row lengths)")
-                        continue
-                    if prop.asserted and batch > 1 and not self.runner.padding_safe:
-                        # recurrent layers that would fold a neighbour's padding into
-                        # their state: rounds stay width 1 (ModelRunner.padding_safe)
-                        row.stats.declined[proposer.name] = "model's recurrent layers cannot skip padding"
-                        continue
-                    cap = self.config.max_asserted if prop.asserted else self.config.max_proposal
-                    keep = min(budget, cap, len(prop.tokens))
-                    if prop.kind in VERIFIED_KINDS and self.config.cost_aware:
-                        # Checked strict tokens are exempt: the grammar allows only them.
-                        acc = self._acceptance(row, prop)
+                if prop is None or not prop.tokens:
+                    continue
+                verified = not prop.asserted and prop.kind in VERIFIED_KINDS
+                if asserted_only and not prop.asserted:
+                    if verified:
+                        continue  # never carried into the first token; an asserted one may follow
+                    break  # a checked strict or jump proposal comes first: none
+                if not prop.asserted and not self.runner.trimmable:
+                    row.stats.declined[proposer.name] = (
+                        "model cache cannot be rolled back (recurrent layers without per-row lengths)")
+                    continue
+                if prop.asserted and batch > 1 and not self.runner.padding_safe:
+                    # recurrent layers that would fold a neighbour's padding into
+                    # their state: rounds stay width 1 (ModelRunner.padding_safe)
+                    row.stats.declined[proposer.name] = "model's recurrent layers cannot skip padding"
+                    continue
+                cap = self.config.max_asserted if prop.asserted else self.config.max_proposal
+                keep = min(budget, cap, len(prop.tokens))
+                prop.proposer = proposer  # before _acceptance: its key is the proposer's name
+                if verified:
+                    # Sized by the row's acceptance rate of this proposer (checked strict
+                    # tokens are exempt: the grammar allows only them). The rate also ranks
+                    # the candidates when cost_aware is off: it comes from what the row
+                    # accepted, not from timing, so proposals stay independent of how fast
+                    # the machine runs (what --no-cost-aware is for), and a weak proposer
+                    # asked first still does not shadow a stronger one.
+                    acc = self._acceptance(row, prop)
+                    capped = 0
+                    if self.config.cost_aware:
                         carried = self.width_policy.cap(acc.rate, keep, batch, worth)
-                        self._count_capped(row, keep - carried)
                         if carried == 0:
+                            self._count_capped(row, keep)
                             acc.forget()
                             continue
-                        keep = carried
-                        prop.expected = expected_accepted(acc.rate, keep)
+                        keep, capped = carried, keep - carried
                         prop.worth = worth
-                    # An asserted run cut here continues next round: the row must not
-                    # sample between its slices (Proposal.cut; see _choose).
-                    prop.cut = prop.asserted and len(prop.tokens) > keep
                     prop.tokens = prop.tokens[:keep]
-                    prop.proposer = proposer
-                    found = prop
-                    break
+                    prop.expected = expected_accepted(acc.rate, keep)
+                    candidates.append((prop, capped))
+                    continue
+                # An asserted run cut here continues next round: the row must not
+                # sample between its slices (Proposal.cut; see _choose).
+                prop.cut = prop.asserted and len(prop.tokens) > keep
+                prop.tokens = prop.tokens[:keep]
+                fixed = prop
+                break
+        found = fixed
+        if found is None and candidates:
+            found, capped = max(candidates, key=lambda c: c[0].expected)  # the first of equals
+            self._count_capped(row, capped)
+        if candidates and found is not candidates[0][0]:
+            # a later proposer's proposal carried over an earlier one's (usage.fill
+            # verified.later_won, /metrics verified_later_won)
+            row.stats.later_won += 1
+            self.counters["verified_later_won"] += 1
+        forgotten = {self._acceptance_key(found)} if found is not None else set()
+        for prop, _ in candidates:
+            if prop is not found:
+                self._set_aside(row, prop, forgotten)
         row.cut_by = found.proposer if found is not None and found.cut else None
         row.stats.propose_s += time.perf_counter() - t0
         return found
+
+    def _set_aside(self, row: Row, prop: Proposal, forgotten: set[str]) -> None:
+        """A verified proposal that another one outranked this round. It is handled as
+        a proposal capped to nothing or dropped by _drop_unpaid: never verified, so no
+        feedback to its proposer (echo and n-gram keep their spans; a draft model's
+        cache holds the drafted tokens until its next sync trims it back to the
+        committed ones; the drafter's batched result for the row was taken), its
+        acceptance rate drifts toward its prior (Acceptance.forget) so it gets to try
+        again (once a round per rate: `forgotten` holds the keys already moved, and the
+        carried proposal's, whose rate its verification updates), and its method counts
+        it under `outranked`, not `proposals`."""
+        key = self._acceptance_key(prop)
+        if key not in forgotten:
+            forgotten.add(key)
+            self._acceptance(row, prop).forget()
+        name = prop.proposer.name if prop.proposer is not None else prop.kind
+        row.stats.method(name)["outranked"] += 1
+        self.totals.method(name)["outranked"] += 1
 
     @staticmethod
     def _offer_round_groups(rows: list[Row]) -> None:
@@ -384,7 +438,11 @@ class Scheduler:
             row.stats.rounds += 1
             row.stats.forwards += 1
             before = len(row.output)
-            row.commit(tokens, kinds, accepted, sources, logprobs, proposed=len(prop.tokens) if prop else 0)
+            # the verified method noted per method (Row.commit: before the final chunk's usage.fill)
+            method = None if prop is None or prop.asserted else \
+                prop.proposer.name if prop.proposer is not None else prop.kind
+            row.commit(tokens, kinds, accepted, sources, logprobs, proposed=len(prop.tokens) if prop else 0,
+                       method=method)
             taken = len(row.output) - before
             if taken < len(tokens):
                 # EOS or a stop string inside the span: the tokens after it never
@@ -392,11 +450,8 @@ class Scheduler:
                 # token; Row.commit counts cut-off accepted tokens as rejected.
                 consumed = min(consumed, taken)
                 self.counters["verified_accepted"] -= max(0, accepted - taken)
-            if prop is not None and not prop.asserted:
-                # per method, only the accepted tokens that were emitted (as Row.commit counts)
-                name = prop.proposer.name if prop.proposer is not None else prop.kind
-                row.stats.note_verified(name, len(prop.tokens), min(accepted, taken))
-                self.totals.note_verified(name, len(prop.tokens), min(accepted, taken))
+            if method is not None:  # per method, only the accepted tokens that were emitted
+                self.totals.note_verified(method, len(prop.tokens), min(accepted, taken))
             counts.append(consumed)
             if row.finish_reason is not None:
                 done.append(i)
