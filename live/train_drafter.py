@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import glob
+import json
 import math
 import random
 import sys
@@ -61,6 +62,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-vocab", type=int, default=4096, help="target tokens the head can draft")
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--general-prompts", type=int, default=0,
+                        help="everyday requests (explanations, new code, stories, worked problems) built from "
+                             "word lists, none of them the benchmark's")
+    gpu = parser.add_argument_group("training on a CUDA machine (live/train_drafter_torch.py)")
+    gpu.add_argument("--export-prompts", default=None, metavar="DIR",
+                     help="write the tokenized prompts (prompts.npz, with the engine's hidden states for one "
+                          "prompt to check the torch forward against) and stop")
+    gpu.add_argument("--import-weights", default=None, nargs="+", metavar="FILE",
+                     help="make a drafter folder (--out) of the weights file(s) train_drafter_torch.py wrote "
+                          "for one variant; --summary FILE adds its training summary")
+    gpu.add_argument("--summary", default=None, metavar="FILE", help="with --import-weights: its summary.json")
 
 
 # --- prompts --------------------------------------------------------------------------
@@ -144,6 +156,95 @@ def code_prompts(tokenizer: Any, n: int, rng: random.Random) -> list[list[int]]:
             text = f"{rng.choice(about).format(name)}\n\n{doc}"
         else:
             text = f"{rng.choice(asks)}\n```python\n{rng.choice(funcs)}\n```"
+        out.append(_ids(tokenizer, [{"role": "user", "content": text}], None, add_generation_prompt=True))
+    return out
+
+
+# Everyday requests, combined from word lists so they are many and varied: what an
+# assistant writes besides tool calls (explanations, new code, stories, worked
+# problems). The benchmark's held-out prompts (bench/draft.py) are none of these, and
+# their subjects (merging sorted lists, processes vs threads, a lighthouse keeper, a
+# train's arrival time) are left out of the lists.
+_CODE_TASKS = [
+    "checks whether a string is a palindrome", "counts the words in a text file", "flattens a nested list",
+    "parses a CSV line with quoted fields", "computes the n-th Fibonacci number iteratively",
+    "finds the longest common prefix of a list of strings", "validates an email address with a regular expression",
+    "removes duplicate items from a list while keeping their order", "converts a Roman numeral to an integer",
+    "groups a list of words by their first letter", "computes a moving average over a list of numbers",
+    "reads a JSON file and prints its keys", "implements binary search on a sorted list",
+    "rotates a matrix by 90 degrees", "checks whether two strings are anagrams", "implements a simple LRU cache",
+    "counts how often each character occurs in a string", "converts Celsius to Fahrenheit for a list of values",
+    "finds all prime numbers below n with a sieve", "splits a list into chunks of size k",
+    "computes the greatest common divisor of two numbers", "reverses the words in a sentence",
+    "formats a number of seconds as hours, minutes and seconds", "implements a stack with push, pop and peek",
+    "transposes a list of lists", "finds the second largest number in a list", "capitalizes every sentence in a text",
+    "computes the median of a list", "checks whether parentheses in a string are balanced",
+    "renames all .txt files in a folder to .md", "retries a function call up to three times on error",
+    "parses command-line arguments for an input and an output file", "implements a queue with two stacks",
+    "computes the factorial of n recursively", "converts a dictionary to a query string",
+    "finds the most common element in a list", "encodes a string with run-length encoding",
+    "measures how long a function takes to run", "reads a file line by line and skips comment lines",
+    "computes the dot product of two vectors", "builds a histogram of word lengths",
+]
+_LANGUAGES = ["Python", "Python", "Python", "JavaScript", "TypeScript", "Go", "Rust", "Java", "C", "Bash"]
+_CODE_ASKS = ["Write a {lang} function that {task}.", "Show me how to write a {lang} program that {task}.",
+              "Implement a {lang} function that {task}, and explain it briefly.",
+              "Write a {lang} function that {task}. Include a short usage example.",
+              "I need {lang} code that {task}. Keep it simple."]
+_TOPICS = [
+    "recursion", "a hash table", "big-O notation", "garbage collection", "a REST API", "TCP and UDP",
+    "a mutex", "dependency injection", "unit testing", "version control with git", "a linked list",
+    "public-key cryptography", "a database index", "caching", "DNS", "an operating system kernel", "compilers",
+    "virtual memory", "functional programming", "object-oriented programming", "a binary tree", "sorting algorithms",
+    "regular expressions", "HTTP status codes", "containers like Docker", "continuous integration",
+    "floating-point numbers", "Unicode and UTF-8", "event loops", "type systems", "SQL joins",
+    "the difference between a list and a tuple in Python", "immutability", "a deadlock", "load balancing",
+    "photosynthesis", "the water cycle", "how vaccines work", "inflation", "the greenhouse effect",
+    "how a bicycle stays upright", "why the sky is blue", "how airplanes fly", "black holes", "plate tectonics",
+    "compound interest", "the scientific method", "supply and demand", "how the heart pumps blood",
+]
+_EXPLAIN = ["Explain {topic} in simple terms.", "What is {topic}? Give an example.",
+            "Explain {topic} to a beginner, step by step.", "Why does {topic} matter? Answer briefly.",
+            "Give me a short overview of {topic} and a common misconception about it."]
+_STORY = ["a robot learning to paint", "a cat who runs a bakery", "two friends lost in a forest", "a time traveler "
+          "who misses the bus", "a dragon afraid of fire", "a child who finds a secret door", "an astronaut "
+          "alone on Mars", "a detective solving a missing sandwich case", "a town where it never stops raining",
+          "a musician who loses her voice", "a gardener who grows a giant pumpkin", "a ghost who wants friends"]
+_WRITING = ["Write a short story about {s}.", "Write a poem about {s}.", "Write a funny short story about {s}.",
+            "Write the opening paragraph of a novel about {s}."]
+_PROBLEMS = [
+    "A shop sells pens at {a} cents each. How much do {b} pens cost? Show your steps.",
+    "If a rectangle is {a} cm long and {b} cm wide, what are its area and perimeter? Explain step by step.",
+    "Tom has {a} apples and gives away {b}. Then he buys twice as many as he has left. How many does he have now?",
+    "A car drives {a} km in {b} hours. What is its average speed? Work it out step by step.",
+    "What is {a} percent of {c}? Explain how you get the answer.",
+    "A class has {c} students and {a} of them are absent. What fraction is present? Simplify it.",
+    "Solve for x: {a}x + {b} = {c}. Show each step.",
+    "A recipe needs {a} eggs for {b} people. How many eggs are needed for {c} people? Explain.",
+]
+_ADVICE = ["How do I get better at {x}?", "Give me five tips for {x}.", "What are common mistakes in {x}?",
+           "Make a one-week plan for {x}."]
+_ACTIVITIES = ["learning to code", "writing clear emails", "debugging Python programs", "studying for exams",
+               "public speaking", "code reviews", "learning a new language", "time management", "running",
+               "cooking on a budget", "reading research papers", "writing documentation"]
+
+
+def general_prompts(tokenizer: Any, n: int, rng: random.Random) -> list[list[int]]:
+    """`n` everyday requests drawn from the lists above (see their comment)."""
+    out = []
+    for i in range(n):
+        kind = i % 6
+        if kind in (0, 1):
+            text = rng.choice(_CODE_ASKS).format(lang=rng.choice(_LANGUAGES), task=rng.choice(_CODE_TASKS))
+        elif kind == 2:
+            text = rng.choice(_EXPLAIN).format(topic=rng.choice(_TOPICS))
+        elif kind == 3:
+            text = rng.choice(_WRITING).format(s=rng.choice(_STORY))
+        elif kind == 4:
+            a, b = rng.randint(2, 60), rng.randint(2, 30)
+            text = rng.choice(_PROBLEMS).format(a=a, b=b, c=rng.randint(a + b, 400))
+        else:
+            text = rng.choice(_ADVICE).format(x=rng.choice(_ACTIVITIES))
         out.append(_ids(tokenizer, [{"role": "user", "content": text}], None, add_generation_prompt=True))
     return out
 
@@ -276,6 +377,79 @@ def _clock(t0: float) -> str:
     return f"{(time.monotonic() - t0) / 60:.1f} min"
 
 
+def build_prompts(args: argparse.Namespace, tok: Any, rng: random.Random) -> tuple[list[list[int]], dict[str, int]]:
+    """The training prompts, shuffled, and how many came from each source."""
+    world = world_prompts(tok, args.world_tasks, args.context)
+    sessions: list[list[int]] = []
+    if args.sessions and Path(args.sessions).is_dir():
+        sessions = session_prompts(tok, args.sessions, args.context)
+        rng.shuffle(sessions)
+        sessions = sessions[: args.session_turns]
+    else:
+        say(f"no public sessions at {args.sessions}: task world and code prompts only")
+    code = code_prompts(tok, args.code_prompts, rng)
+    general = general_prompts(tok, args.general_prompts, rng)
+    prompts = world + sessions + code + general
+    rng.shuffle(prompts)
+    return prompts, {"task_world": len(world), "public_sessions": len(sessions), "code_and_prose": len(code),
+                     "general": len(general)}
+
+
+def export_prompts(args: argparse.Namespace) -> dict[str, Any]:
+    """prompts.npz for live/train_drafter_torch.py: the prompts' tokens, the end-of-turn
+    ids, and one prompt's final hidden states and greedy choices from this engine (the
+    torch forward must reproduce them before it generates anything)."""
+    from jumpahead.engine.engine import Engine, EngineConfig
+
+    rng = random.Random(args.seed)
+    engine = Engine.load(args.model, EngineConfig(prefix_cache=False, default_methods=("none",)),
+                         progress=lambda s: print(s, file=sys.stderr))
+    prompts, counts = build_prompts(args, engine.tokenizer, rng)
+    ref = max(prompts[:50], key=len)
+    hidden = engine.model.model(mx.array(ref)[None])
+    argmax = mx.argmax(engine.runner.head(hidden), axis=-1)[0]
+    mx.eval(hidden, argmax)
+    out = Path(args.export_prompts)
+    out.mkdir(parents=True, exist_ok=True)
+    eos = sorted({int(t) for t in engine.tokenizer.eos_token_ids})
+    np.savez_compressed(out / "prompts.npz", tokens=np.concatenate([np.array(p, dtype=np.int32) for p in prompts]),
+                        starts=np.cumsum([0] + [len(p) for p in prompts]).astype(np.int64), eos=np.array(eos),
+                        ref_tokens=np.array(ref, dtype=np.int32), ref_hidden=np.array(hidden[0].astype(mx.float32)),
+                        ref_argmax=np.array(argmax).astype(np.int64))
+    engine.close()
+    return {"out": str(out / "prompts.npz"), "prompts": counts, "tokens": sum(len(p) for p in prompts), "eos": eos}
+
+
+def import_weights(args: argparse.Namespace) -> dict[str, Any]:
+    """A drafter folder (--out) from weights live/train_drafter_torch.py wrote: the
+    shapes come from the weights, the fingerprint from the target loaded here."""
+    from jumpahead.engine.loader import load_model
+
+    weights: dict[str, mx.array] = {}
+    for path in args.import_weights:
+        weights.update(mx.load(path))
+    missing = {"fc.weight", "gate.weight", "head.weight", "d2t"} - set(weights)
+    if missing:
+        raise ValueError(f"{' '.join(args.import_weights)}: no whole drafter (missing {', '.join(sorted(missing))})")
+    model, _, _ = load_model(args.model, progress=lambda s: None)
+    dim, ffn, vocab = int(weights["fc.weight"].shape[0]), int(weights["gate.weight"].shape[0]), \
+        int(weights["head.weight"].shape[0])
+    drafter = Drafter(dim, ffn, vocab)
+    drafter.load_weights([(k, v.astype(mx.float32) if v.dtype == mx.float16 else v) for k, v in weights.items()])
+    drafter.freeze(keys=["d2t"], recurse=False)
+    mx.eval(drafter.parameters())
+    names = [Path(p).name for p in args.import_weights]
+    training: dict[str, Any] = {"trained_by": "live/train_drafter_torch.py", "weights": names}
+    if args.summary:
+        summary = json.loads(Path(args.summary).read_text())
+        training.update({k: v for k, v in summary.items() if k != "variants"})
+        training["variant"] = next((v for v in (summary.get("variants") or {}).values()
+                                    if set(v.get("files") or []) == set(names)), None)
+    out = Path(args.out) if args.out else default_drafter_path()
+    drafter.save(out, target_fingerprint(model), {"training": training})
+    return {"out": str(out), "dim": dim, "ffn": ffn, "draft_vocab": vocab, "training": training}
+
+
 def train(args: argparse.Namespace) -> dict[str, Any]:
     from jumpahead.engine.engine import Engine, EngineConfig
 
@@ -286,18 +460,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                                                   default_methods=("none",)),
                          progress=lambda s: print(s, file=sys.stderr))
     tok, model = engine.tokenizer, engine.model
-    world = world_prompts(tok, args.world_tasks, args.context)
-    sessions: list[list[int]] = []
-    if args.sessions and Path(args.sessions).is_dir():
-        sessions = session_prompts(tok, args.sessions, args.context)
-        rng.shuffle(sessions)
-        sessions = sessions[: args.session_turns]
-    else:
-        say(f"no public sessions at {args.sessions}: task world and code prompts only")
-    code = code_prompts(tok, args.code_prompts, rng)
-    prompts = world + sessions + code
-    rng.shuffle(prompts)
-    say(f"{len(prompts)} prompts: {len(world)} task world, {len(sessions)} public sessions, {len(code)} code/prose")
+    prompts, counts = build_prompts(args, tok, rng)
+    say(f"{len(prompts)} prompts: " + ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in counts.items()))
 
     prog = Progress(len(prompts), 1, label="generate")
     rows = generate(engine, prompts, args.continue_tokens, args.generate_minutes, prog)
@@ -360,7 +524,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     prog.close()
     after = accuracy(drafter, embed, H, X, valid)
     summary = {
-        "prompts": {"task_world": len(world), "public_sessions": len(sessions), "code_and_prose": len(code)},
+        "prompts": counts,
         "continuations": len(rows), "tokens": int(len(X)), "train_examples": int(len(train_idx)),
         "valid_examples": int(len(valid)), "draft_vocab": len(d2t), "vocab_coverage": round(covered, 4),
         "steps": step, "step_ms": round((time.monotonic() - t_start) / max(step, 1) * 1000, 1),
@@ -376,10 +540,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
     try:
-        summary = train(args)
+        if args.export_prompts:
+            summary = export_prompts(args)
+        elif args.import_weights:
+            summary = import_weights(args)
+        else:
+            summary = train(args)
     except (OSError, ValueError) as exc:
         print(f"jumpahead train-drafter: {exc}", file=sys.stderr)
         return 2
