@@ -105,7 +105,7 @@ class Row:
 
     def commit(self, tokens: list[int], kinds: list[TokenKind], accepted: int = 0,
                sources: list[int | None] | None = None, logprobs: list | None = None, proposed: int = 0,
-               method: str | None = None) -> None:
+               method: str | None = None, totals: ProposalStats | None = None) -> None:
         """Append chosen tokens, apply EOS/stop/length, and emit one chunk.
 
         `accepted`: how many leading tokens are verified proposal tokens (already
@@ -114,7 +114,9 @@ class Row:
         `logprobs`: per token, its TokenLogprob or None (rows that asked for them).
         `proposed`: the proposal tokens this round carried for the row (TokenChunk.proposed).
         `method`: the name of the verified method that proposed them (None: none, or
-        asserted), noted in the per-method telemetry before a final chunk reports it."""
+        asserted), noted in the per-method telemetry before a final chunk reports it, in
+        the row's stats and in `totals` (the engine's, for /metrics) alike: a client that
+        reads /metrics after its answer sees this round counted."""
         now = time.perf_counter()
         if self.first_token_at is None:
             self.first_token_at = now
@@ -148,6 +150,8 @@ class Row:
         self.stats.rejected += cut
         if method is not None:  # per method, only the accepted tokens that were emitted
             self.stats.note_verified(method, proposed, accepted - cut)
+            if totals is not None:
+                totals.note_verified(method, proposed, accepted - cut)
         self._emit(taken, taken_kinds, sources=None if sources is None else list(sources[: len(taken)]),
                    logprobs=None if logprobs is None else list(logprobs[: len(taken)]), proposed=proposed)
 

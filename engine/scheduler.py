@@ -307,20 +307,23 @@ class Scheduler:
         row.stats.method(name)["outranked"] += 1
         self.totals.method(name)["outranked"] += 1
 
-    @staticmethod
-    def _offer_round_groups(rows: list[Row]) -> None:
+    def _offer_round_groups(self, rows: list[Row]) -> None:
         """Proposers that draft for the whole batch at once (engine/drafter.py DraftGroup)
-        learn this round's rows before any of them proposes."""
+        learn this round's rows before any of them proposes. A row whose verified tokens
+        cannot pay this round (the same test `_propose` skips its verifying proposers by)
+        is not offered: the batched chain drafts only for rows that will ask."""
         started: set[int] = set()
+        batch = max(1, len(self.running))
         for row in rows:
-            for proposer in row.proposers:
-                group = getattr(proposer, "round_group", None)
-                if group is None:
-                    continue
-                if id(group) not in started:
-                    started.add(id(group))
-                    group.start_round()
-                group.offer(proposer, row.view())
+            grouped = [p for p in row.proposers if getattr(p, "round_group", None) is not None]
+            for proposer in grouped:  # every group starts its round (no offer kept from the last)
+                if id(proposer.round_group) not in started:
+                    started.add(id(proposer.round_group))
+                    proposer.round_group.start_round()
+            if grouped and not (self.config.cost_aware and
+                                self.width_policy.threshold(batch, self._worth(row)) >= 1.0):
+                for proposer in grouped:
+                    proposer.round_group.offer(proposer, row.view())
 
     def _drop_unpaid(self, rows: list[Row], props: list[Proposal | None]) -> None:
         """Drop this round's verified proposals when together they do not pay for
@@ -442,7 +445,7 @@ class Scheduler:
             method = None if prop is None or prop.asserted else \
                 prop.proposer.name if prop.proposer is not None else prop.kind
             row.commit(tokens, kinds, accepted, sources, logprobs, proposed=len(prop.tokens) if prop else 0,
-                       method=method)
+                       method=method, totals=self.totals)
             taken = len(row.output) - before
             if taken < len(tokens):
                 # EOS or a stop string inside the span: the tokens after it never
@@ -450,8 +453,6 @@ class Scheduler:
                 # token; Row.commit counts cut-off accepted tokens as rejected.
                 consumed = min(consumed, taken)
                 self.counters["verified_accepted"] -= max(0, accepted - taken)
-            if method is not None:  # per method, only the accepted tokens that were emitted
-                self.totals.note_verified(method, len(prop.tokens), min(accepted, taken))
             counts.append(consumed)
             if row.finish_reason is not None:
                 done.append(i)
