@@ -415,7 +415,7 @@ def export_prompts(args: argparse.Namespace) -> dict[str, Any]:
     np.savez_compressed(out / "prompts.npz", tokens=np.concatenate([np.array(p, dtype=np.int32) for p in prompts]),
                         starts=np.cumsum([0] + [len(p) for p in prompts]).astype(np.int64), eos=np.array(eos),
                         ref_tokens=np.array(ref, dtype=np.int32), ref_hidden=np.array(hidden[0].astype(mx.float32)),
-                        ref_argmax=np.array(argmax).astype(np.int64))
+                        ref_argmax=np.array(argmax).astype(np.int64), sources=np.array(json.dumps(counts)))
     engine.close()
     return {"out": str(out / "prompts.npz"), "prompts": counts, "tokens": sum(len(p) for p in prompts), "eos": eos}
 
@@ -443,8 +443,12 @@ def import_weights(args: argparse.Namespace) -> dict[str, Any]:
     if args.summary:
         summary = json.loads(Path(args.summary).read_text())
         training.update({k: v for k, v in summary.items() if k != "variants"})
-        training["variant"] = next((v for v in (summary.get("variants") or {}).values()
-                                    if set(v.get("files") or []) == set(names)), None)
+        variant = next((v for v in (summary.get("variants") or {}).values()
+                        if set(v.get("files") or []) == set(names)), None)
+        training["variant"] = variant
+        if variant:  # the held-back agreement under the names train() reports it by
+            before, after = variant["valid_agreement_before"], variant["valid_agreement"]
+            training.update(valid_step1_before=before[0], valid_step1=after[0], valid_steps_1_and_2=after[1])
     out = Path(args.out) if args.out else default_drafter_path()
     drafter.save(out, target_fingerprint(model), {"training": training})
     return {"out": str(out), "dim": dim, "ffn": ffn, "draft_vocab": vocab, "training": training}

@@ -402,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     embed = load_weights(args.model, config)["model.embed_tokens.weight"]
     embed_t = torch.from_numpy(embed).to(dev)
     variants = args.variant or ["1024:4096:3"]
-    summary: dict[str, Any] = {"prompts": len(prompts), "prompts_generated": done, "continuations": len(rows),
+    sources = json.loads(str(data["sources"])) if "sources" in data else None
+    summary: dict[str, Any] = {"prompts": len(prompts), "prompt_sources": sources, "prompts_generated": done, "continuations": len(rows),
                                "tokens": int(len(X)), "generate_seconds": round(gen_s, 1),
                                "tokens_per_second": round(len(X) / max(gen_s, 1e-9), 1),
                                "forward_check": {"max_relative_error": err, "argmax_agreement": same_argmax},
