@@ -120,3 +120,43 @@ def script_engine(loaded_model: Any, max_batch: int = 4) -> Any:
 
     model, tokenizer, info = loaded_model
     return Engine(model, tokenizer, info, EngineConfig(max_batch=max_batch, max_asserted=SCRIPT_SLICE))
+
+
+def chat_prompt(tokenizer: Any, text: str) -> list[int]:
+    """One user message through the chat template, ready for a GenerationRequest."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+
+
+def run_rows(engine: Any, requests: list[Any]) -> list[dict[str, Any]]:
+    """Run GenerationRequests together on an in-process engine: per row its tokens, their
+    kinds and the final chunk's usage.fill (a row that ended in an error fails the test)."""
+    import asyncio
+
+    async def one(req: Any) -> dict[str, Any]:
+        tokens, kinds, fill = [], [], None
+        async for chunk in engine.stream(req):
+            tokens += chunk.tokens
+            kinds += chunk.kinds
+            if chunk.finish_reason is not None:
+                assert chunk.error is None, chunk.error
+                fill = chunk.fill
+        return {"tokens": tokens, "kinds": kinds, "fill": fill}
+
+    async def all_rows() -> list[dict[str, Any]]:
+        return await asyncio.gather(*[one(r) for r in requests])
+
+    return asyncio.run(all_rows())
+
+
+def frozen_width_policy() -> Any:
+    """The scheduler's width policy at this CPU's default costs, never refitted from the
+    rounds it times. Tests that check which proposals a round carries use it: a fit on a
+    loaded machine (a test suite beside other work) can price every proposal out, so
+    nothing would be verified; the fit itself is tested on given rounds (test_ragged)."""
+    from jumpahead.engine.width_policy import WidthPolicy
+
+    class FrozenWidthPolicy(WidthPolicy):
+        def observe_round(self, tokens: int, width: int, seconds: float) -> None:
+            return None
+
+    return FrozenWidthPolicy()

@@ -11,7 +11,6 @@ won under `usage.fill` `verified.later_won`.
 
 from __future__ import annotations
 
-import asyncio
 
 import pytest
 
@@ -20,6 +19,7 @@ from jumpahead.engine.echo import EchoProposer
 from jumpahead.engine.proposal import Proposal
 from jumpahead.engine.types import GenerationRequest
 from tests.oracle import assert_same_or_near_tie
+from tests.serving import chat_prompt, frozen_width_policy, run_rows
 
 SHIPPED = default_drafter_path()
 CONFIG = 'HOST = "127.0.0.1"\nPORT = 8080\nDEBUG = True\nWORKERS = 4\nLOG_LEVEL = "info"\n'
@@ -46,43 +46,18 @@ def ceng(loaded_model, tmp_path_factory):
     default costs (not refitted from the rounds it times: a fit on a loaded machine can
     price every proposal out, and these tests check which proposal a round carries)."""
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.width_policy import WidthPolicy
-
-    class Frozen(WidthPolicy):
-        def observe_round(self, tokens: int, width: int, seconds: float) -> None:
-            return None
-
     model, tokenizer, info = loaded_model
     cache_dir = str(tmp_path_factory.mktemp("composition-prompt-cache"))
     eng = Engine(model, tokenizer, info, EngineConfig(max_batch=8, prefix_cache_dir=cache_dir, drafter=str(SHIPPED)))
-    eng.scheduler.width_policy = Frozen()
+    eng.scheduler.width_policy = frozen_width_policy()
     yield eng
     eng.close()
 
 
-def _prompt(tok, text: str) -> list[int]:
-    return tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-
-
-def _run(eng, reqs: list[GenerationRequest]) -> list[dict]:
-    async def one(req):
-        tokens, kinds, fill = [], [], None
-        async for chunk in eng.stream(req):
-            tokens += chunk.tokens
-            kinds += chunk.kinds
-            if chunk.finish_reason is not None:
-                assert chunk.error is None, chunk.error
-                fill = chunk.fill
-        return {"tokens": tokens, "kinds": kinds, "fill": fill}
-
-    async def all_():
-        return await asyncio.gather(*[one(r) for r in reqs])
-
-    return asyncio.run(all_())
 
 
 def _plain(eng, prompt: list[int], n: int = N) -> list[int]:
-    return _run(eng, [GenerationRequest(prompt=prompt, max_tokens=n, methods=["off"])])[0]["tokens"]
+    return run_rows(eng, [GenerationRequest(prompt=prompt, max_tokens=n, methods=["off"])])[0]["tokens"]
 
 
 class Counting:
@@ -181,14 +156,14 @@ def test_a_later_proposal_expected_to_land_more_is_carried(ceng, cost_aware):
     next tokens: the second is carried every round, the first never (and never fed
     back), the counter shows it, and the output is ordinary greedy decoding."""
     tok = ceng.tokenizer
-    prompt = _prompt(tok, PROMPTS[2])
+    prompt = chat_prompt(tok, PROMPTS[2])
     plain = _plain(ceng, prompt)
     weak, oracle = Wrong(), Script("oracle", plain, "draft")
     config = ceng.scheduler.config
     config.cost_aware = cost_aware
     before = ceng.scheduler.counters["verified_later_won"]
     try:
-        out = _run(ceng, [GenerationRequest(prompt=prompt, max_tokens=N, methods=["off"], proposers=[weak, oracle])])[0]
+        out = run_rows(ceng, [GenerationRequest(prompt=prompt, max_tokens=N, methods=["off"], proposers=[weak, oracle])])[0]
     finally:
         config.cost_aware = True
     assert out["tokens"] == plain
@@ -208,10 +183,10 @@ def test_a_later_proposal_expected_to_land_more_is_carried(ceng, cost_aware):
 def test_ties_go_to_proposer_order(ceng):
     """Two proposers offering the same tokens at the same prior: the first is carried."""
     tok = ceng.tokenizer
-    prompt = _prompt(tok, PROMPTS[3])
+    prompt = chat_prompt(tok, PROMPTS[3])
     plain = _plain(ceng, prompt, 24)
     first, second = Script("first", plain, "draft"), Script("second", plain, "draft")
-    out = _run(ceng, [GenerationRequest(prompt=prompt, max_tokens=24, methods=["off"], proposers=[first, second])])[0]
+    out = run_rows(ceng, [GenerationRequest(prompt=prompt, max_tokens=24, methods=["off"], proposers=[first, second])])[0]
     assert out["tokens"] == plain
     m = _methods(out["fill"])
     assert m["first"]["proposals"] == first.fed_back > 0 and second.fed_back == 0
@@ -224,12 +199,12 @@ def test_echo_and_drafter_equal_ordinary_greedy_decoding(ceng, batch):
     """methods ["echo", "drafter"]: both asked every round, one carried, outputs are
     ordinary greedy decoding's token for token (copy-heavy and plain prompts mixed)."""
     tok = ceng.tokenizer
-    prompts = [_prompt(tok, p) for p in (PROMPTS[:1] if batch == 1 else PROMPTS)]
-    plain = _run(ceng, [GenerationRequest(prompt=p, max_tokens=N, methods=["off"]) for p in prompts])
+    prompts = [chat_prompt(tok, p) for p in (PROMPTS[:1] if batch == 1 else PROMPTS)]
+    plain = run_rows(ceng, [GenerationRequest(prompt=p, max_tokens=N, methods=["off"]) for p in prompts])
     config = ceng.scheduler.config
     config.objective = "latency"  # every row of the batch proposes (no throughput gating)
     try:
-        both = _run(ceng, [GenerationRequest(prompt=p, max_tokens=N, methods=["echo", "drafter"]) for p in prompts])
+        both = run_rows(ceng, [GenerationRequest(prompt=p, max_tokens=N, methods=["echo", "drafter"]) for p in prompts])
     finally:
         config.objective = "throughput"
     assert [o["tokens"] for o in both] == [o["tokens"] for o in plain]
@@ -247,11 +222,11 @@ def test_unchosen_proposals_are_not_counted(ceng):
     copy-heavy turn: per method, `proposals` is the proposals carried (each fed back
     once), `outranked` the rest; counting an unchosen proposal would break the sums."""
     tok = ceng.tokenizer
-    prompt = _prompt(tok, PROMPTS[1])
+    prompt = chat_prompt(tok, PROMPTS[1])
     plain = _plain(ceng, prompt, 48)
     echo, drafter = CountingEcho(), CountingDrafter(ceng.drafter)
     totals_before = {k: dict(v) for k, v in ceng.scheduler.totals.methods.items()}
-    out = _run(ceng, [GenerationRequest(prompt=prompt, max_tokens=48, methods=["off"], proposers=[echo, drafter])])[0]
+    out = run_rows(ceng, [GenerationRequest(prompt=prompt, max_tokens=48, methods=["off"], proposers=[echo, drafter])])[0]
     assert out["tokens"] == plain
     fill, m = out["fill"], _methods(out["fill"])
     carried = sum(x["proposals"] for x in m.values())
@@ -278,13 +253,13 @@ def test_asserted_proposal_wins_over_verified_before_or_after(ceng):
     comes first in proposer order, the asserted one is carried while it proposes; a
     verified proposer after it is not even asked."""
     tok = ceng.tokenizer
-    prompt = _prompt(tok, PROMPTS[3])
+    prompt = chat_prompt(tok, PROMPTS[3])
     plain = _plain(ceng, prompt, 32)
     for order in ("verified_first", "asserted_first"):
         oracle = Script("oracle", plain, "draft")
         script = Script("scripted", plain, "scripted", span=4, until=12)
         proposers = [oracle, script] if order == "verified_first" else [script, oracle]
-        out = _run(ceng, [GenerationRequest(prompt=prompt, max_tokens=32, methods=["off"], proposers=proposers)])[0]
+        out = run_rows(ceng, [GenerationRequest(prompt=prompt, max_tokens=32, methods=["off"], proposers=proposers)])[0]
         assert_same_or_near_tie(ceng.model, prompt, out["tokens"], plain)
         fill, m = out["fill"], _methods(out["fill"])
         assert out["kinds"][:12].count("scripted") >= 9, out["kinds"]  # the script asserted its span

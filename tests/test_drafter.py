@@ -21,6 +21,7 @@ import mlx.core as mx
 
 from jumpahead.engine.drafter import Drafter, DrafterError, DraftGroup, default_drafter_path, read_meta
 from jumpahead.engine.types import GenerationRequest, SamplingParams
+from tests.serving import chat_prompt, frozen_width_policy, run_rows
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -33,7 +34,8 @@ SHIPPED = default_drafter_path()
 
 @pytest.fixture(scope="module")
 def dengine(loaded_model, tmp_path_factory):
-    """An engine of its own with the shipped drafter attached (rows keep hidden states)."""
+    """An engine of its own with the shipped drafter attached (rows keep hidden states), its
+    width policy at the default costs (tests/serving.py frozen_width_policy)."""
     from jumpahead.engine.engine import Engine, EngineConfig
 
     if not SHIPPED.is_dir():
@@ -41,29 +43,11 @@ def dengine(loaded_model, tmp_path_factory):
     model, tokenizer, info = loaded_model
     cache_dir = str(tmp_path_factory.mktemp("drafter-prompt-cache"))
     eng = Engine(model, tokenizer, info, EngineConfig(max_batch=8, prefix_cache_dir=cache_dir, drafter=str(SHIPPED)))
+    eng.scheduler.width_policy = frozen_width_policy()  # which rounds draft must not hang on this machine's load
     yield eng
     eng.close()
 
 
-def _prompt(tok, text: str) -> list[int]:
-    return tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-
-
-def _run(eng, reqs: list[GenerationRequest]) -> list[dict]:
-    async def one(req):
-        tokens, kinds, fill = [], [], None
-        async for chunk in eng.stream(req):
-            tokens += chunk.tokens
-            kinds += chunk.kinds
-            if chunk.finish_reason is not None:
-                assert chunk.error is None, chunk.error
-                fill = chunk.fill
-        return {"tokens": tokens, "kinds": kinds, "fill": fill}
-
-    async def all_():
-        return await asyncio.gather(*[one(r) for r in reqs])
-
-    return asyncio.run(all_())
 
 
 class Recorder:
@@ -90,9 +74,9 @@ def test_row_hidden_state_is_the_targets_at_the_pending_tokens_position(dengine)
     forward's final hidden state at the last position before the pending token."""
     tok = dengine.tokenizer
     recorders = [Recorder() for _ in range(3)]
-    reqs = [GenerationRequest(prompt=_prompt(tok, p), max_tokens=40, methods=["drafter"], proposers=[r])
+    reqs = [GenerationRequest(prompt=chat_prompt(tok, p), max_tokens=40, methods=["drafter"], proposers=[r])
             for p, r in zip(PROMPTS[:3], recorders)]
-    out = _run(dengine, reqs)
+    out = run_rows(dengine, reqs)
     assert any("drafter" in o["kinds"] for o in out), "the drafter never got a token accepted"
     runner = dengine.runner
     checked = 0
@@ -113,8 +97,8 @@ def test_warm_turn_drafts_from_the_first_round(dengine):
     """A prompt-cache hit needs no drafter prefill: the draft state is the hidden state
     of the one prompt token the target still runs."""
     tok = dengine.tokenizer
-    prompt = _prompt(tok, PROMPTS[3] + " Then add 5.")
-    _run(dengine, [GenerationRequest(prompt=prompt, max_tokens=4, methods=["off"])])
+    prompt = chat_prompt(tok, PROMPTS[3] + " Then add 5.")
+    run_rows(dengine, [GenerationRequest(prompt=prompt, max_tokens=4, methods=["off"])])
     dengine.flush_prefix_cache()
     rec = Recorder()
     cached = []
@@ -138,9 +122,9 @@ def test_warm_turn_drafts_from_the_first_round(dengine):
 @pytest.mark.parametrize("batch", [1, 2, 4])
 def test_drafted_rows_equal_ordinary_greedy_decoding(dengine, batch):
     tok = dengine.tokenizer
-    prompts = [_prompt(tok, p) for p in PROMPTS[:batch]]
-    plain = _run(dengine, [GenerationRequest(prompt=p, max_tokens=48, methods=["off"]) for p in prompts])
-    drafted = _run(dengine, [GenerationRequest(prompt=p, max_tokens=48, methods=["drafter"]) for p in prompts])
+    prompts = [chat_prompt(tok, p) for p in PROMPTS[:batch]]
+    plain = run_rows(dengine, [GenerationRequest(prompt=p, max_tokens=48, methods=["off"]) for p in prompts])
+    drafted = run_rows(dengine, [GenerationRequest(prompt=p, max_tokens=48, methods=["drafter"]) for p in prompts])
     assert [o["tokens"] for o in drafted] == [o["tokens"] for o in plain]
     methods = [o["fill"].get("methods", {}).get("drafter") for o in drafted]
     assert all(m is not None and m["proposals"] > 0 for m in methods), methods
@@ -151,9 +135,9 @@ def test_drafted_rows_equal_ordinary_greedy_decoding(dengine, batch):
 def test_seeded_sampling_picks_the_targets_tokens(dengine):
     tok = dengine.tokenizer
     sampling = SamplingParams(temperature=0.8, top_p=0.95, seed=11)
-    p = _prompt(tok, PROMPTS[2])
-    plain = _run(dengine, [GenerationRequest(prompt=p, max_tokens=48, methods=["off"], sampling=sampling)])
-    drafted = _run(dengine, [GenerationRequest(prompt=p, max_tokens=48, methods=["drafter"], sampling=sampling)])
+    p = chat_prompt(tok, PROMPTS[2])
+    plain = run_rows(dengine, [GenerationRequest(prompt=p, max_tokens=48, methods=["off"], sampling=sampling)])
+    drafted = run_rows(dengine, [GenerationRequest(prompt=p, max_tokens=48, methods=["drafter"], sampling=sampling)])
     assert drafted[0]["tokens"] == plain[0]["tokens"]
 
 
@@ -163,7 +147,7 @@ def test_telemetry_adds_up(dengine):
     inside a draft cuts the tokens after it: they never count as accepted)."""
     tok = dengine.tokenizer
     before = json.loads(json.dumps(dengine.metrics().get("methods", {}).get("drafter", {"proposals": 0})))
-    out = _run(dengine, [GenerationRequest(prompt=_prompt(tok, p), max_tokens=64, methods=["drafter"])
+    out = run_rows(dengine, [GenerationRequest(prompt=chat_prompt(tok, p), max_tokens=64, methods=["drafter"])
                          for p in PROMPTS[:1]])
     m = out[0]["fill"]["methods"]["drafter"]
     hist = m["accepted_histogram"]
@@ -182,7 +166,7 @@ def test_one_batched_chain_drafts_for_every_row(dengine):
     chains, rows = group.chains, group.rows_drafted
     dengine.scheduler.config.objective = "latency"  # every row drafts (no throughput gating)
     try:
-        _run(dengine, [GenerationRequest(prompt=_prompt(tok, p), max_tokens=24, methods=["drafter"])
+        run_rows(dengine, [GenerationRequest(prompt=chat_prompt(tok, p), max_tokens=24, methods=["drafter"])
                        for p in PROMPTS])
     finally:
         dengine.scheduler.config.objective = "throughput"
@@ -292,7 +276,7 @@ def test_torch_trainer_reproduces_the_engine_and_its_weights_import(tmp_path, lo
     rows = gpu.continue_batch(target, picked, 24, eos)
     for p, (_, tokens) in zip(picked, rows):  # a left-padded row equals the same row alone
         assert gpu.continue_batch(target, [p], 24, eos)[0][1].tolist() == tokens.tolist()
-    want = _run(engine, [GenerationRequest(prompt=[int(t) for t in p], max_tokens=24, methods=["off"])
+    want = run_rows(engine, [GenerationRequest(prompt=[int(t) for t in p], max_tokens=24, methods=["off"])
                          for p in picked])
     exact = 0
     for p, (_, tokens), w in zip(picked, rows, want):
@@ -329,9 +313,9 @@ def test_torch_trainer_reproduces_the_engine_and_its_weights_import(tmp_path, lo
     model, tokenizer, info = loaded_model
     eng = Engine(model, tokenizer, info, EngineConfig(max_batch=4, prefix_cache=False, drafter=str(drafter_dir)))
     try:
-        reqs = [GenerationRequest(prompt=_prompt(tokenizer, t), max_tokens=32, methods=m)
+        reqs = [GenerationRequest(prompt=chat_prompt(tokenizer, t), max_tokens=32, methods=m)
                 for t in PROMPTS[:2] for m in (["off"], ["drafter"])]
-        got = _run(eng, reqs)
+        got = run_rows(eng, reqs)
         assert got[0]["tokens"] == got[1]["tokens"] and got[2]["tokens"] == got[3]["tokens"]
     finally:
         eng.close()

@@ -199,13 +199,9 @@ class _FrozenCosts:
     tested on given rounds (tests/test_ragged.py)."""
 
     def __init__(self, eng) -> None:
-        from jumpahead.engine.width_policy import WidthPolicy
+        from tests.serving import frozen_width_policy
 
-        class Frozen(WidthPolicy):
-            def observe_round(self, tokens: int, width: int, seconds: float) -> None:
-                return None
-
-        self.scheduler, self.frozen = eng.scheduler, Frozen()
+        self.scheduler, self.frozen = eng.scheduler, frozen_width_policy()
 
     def __enter__(self):
         self.before, self.scheduler.width_policy = self.scheduler.width_policy, self.frozen
