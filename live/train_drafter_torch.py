@@ -347,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     config = json.loads(Path(args.config).read_text())
-    target = Target(load_weights(args.model, config), config, dev.type)
+    weights = load_weights(args.model, config)
+    target = Target(weights, config, dev.type)
     data = np.load(args.prompts)
     flat, starts = data["tokens"], data["starts"]
     prompts = [flat[a:b] for a, b in zip(starts[:-1], starts[1:])]
@@ -399,8 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     X = torch.from_numpy(np.concatenate([t for _, t in rows]).astype(np.int64)).to(dev)
     lens = [len(t) for _, t in rows]
     starts_r = np.cumsum([0] + lens)
-    embed = load_weights(args.model, config)["model.embed_tokens.weight"]
-    embed_t = torch.from_numpy(embed).to(dev)
+    embed_t = torch.from_numpy(weights.pop("model.embed_tokens.weight")).to(dev)  # read once, above
+    del weights
     variants = args.variant or ["1024:4096:3"]
     sources = json.loads(str(data["sources"])) if "sources" in data else None
     summary: dict[str, Any] = {"prompts": len(prompts), "prompt_sources": sources, "prompts_generated": done, "continuations": len(rows),

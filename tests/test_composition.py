@@ -19,18 +19,10 @@ from jumpahead.engine.echo import EchoProposer
 from jumpahead.engine.proposal import Proposal
 from jumpahead.engine.types import GenerationRequest
 from tests.oracle import assert_same_or_near_tie
+from tests.test_proposals import CODE, CONFIG
 from tests.serving import chat_prompt, frozen_width_policy, run_rows
 
 SHIPPED = default_drafter_path()
-CONFIG = 'HOST = "127.0.0.1"\nPORT = 8080\nDEBUG = True\nWORKERS = 4\nLOG_LEVEL = "info"\n'
-CODE = '''def moving_average(values, window):
-    """Return the moving averages of values over window."""
-    result = []
-    for i in range(len(values) - window + 1):
-        chunk = values[i : i + window]
-        result.append(sum(chunk) / window)
-    return result
-'''
 PROMPTS = [
     f"Here is config.py:\n```python\n{CONFIG}```\nRewrite config.py with PORT = 9090. Show the whole file.",
     f"Repeat this code exactly:\n```python\n{CODE}```",
@@ -110,30 +102,20 @@ class Wrong(Counting):
         self.fed_back += 1
 
 
-class CountingEcho(EchoProposer):
-    def __init__(self) -> None:
-        super().__init__()
-        self.c = Counting()
+def counting(proposer):
+    """`proposer` with its proposals and feedback calls counted in `proposer.c`."""
+    c = proposer.c = Counting()
+    propose, feedback = proposer.propose, proposer.feedback
 
-    def propose(self, view, max_len):
-        return self.c.counted(super().propose(view, max_len))
+    def counted_propose(view, max_len):
+        return c.counted(propose(view, max_len))
 
-    def feedback(self, proposal, accepted):
-        self.c.fed_back += 1
-        super().feedback(proposal, accepted)
+    def counted_feedback(proposal, accepted):
+        c.fed_back += 1
+        feedback(proposal, accepted)
 
-
-class CountingDrafter(DrafterProposer):
-    def __init__(self, group) -> None:
-        super().__init__(group)
-        self.c = Counting()
-
-    def propose(self, view, max_len):
-        return self.c.counted(super().propose(view, max_len))
-
-    def feedback(self, proposal, accepted):
-        self.c.fed_back += 1
-        super().feedback(proposal, accepted)
+    proposer.propose, proposer.feedback = counted_propose, counted_feedback
+    return proposer
 
 
 def _settle(eng, timeout: float = 30.0) -> None:
@@ -224,7 +206,7 @@ def test_unchosen_proposals_are_not_counted(ceng):
     tok = ceng.tokenizer
     prompt = chat_prompt(tok, PROMPTS[1])
     plain = _plain(ceng, prompt, 48)
-    echo, drafter = CountingEcho(), CountingDrafter(ceng.drafter)
+    echo, drafter = counting(EchoProposer()), counting(DrafterProposer(ceng.drafter))
     totals_before = {k: dict(v) for k, v in ceng.scheduler.totals.methods.items()}
     out = run_rows(ceng, [GenerationRequest(prompt=prompt, max_tokens=48, methods=["off"], proposers=[echo, drafter])])[0]
     assert out["tokens"] == plain
