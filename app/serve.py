@@ -51,6 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a trained drafter head for method 'drafter' (jumpahead train-drafter): 'auto' "
                              "(default) loads the one shipped for the default model when that model is served, "
                              "'none' loads none")
+    parser.add_argument("--mtp", default="auto", metavar="auto|none|PATH",
+                        help="the checkpoint's multi-token-prediction layer for method 'mtp' (qwen3_next / "
+                             "qwen3_5 Hugging Face folders keep it under mtp.*): 'auto' (default) loads the served "
+                             "folder's own and drafts with it for requests that name no methods unless --methods "
+                             "is given; PATH reads mtp.* from that folder (the original checkpoint of a converted "
+                             "model); 'none' loads none")
     parser.add_argument("--max-proposal", type=_positive, default=16, metavar="K",
                         help="most verified proposal tokens a row carries into one round (default: 16)")
     parser.add_argument("--no-cost-aware", action="store_true",
@@ -184,6 +190,28 @@ def attach_drafter(engine: Any, spec: str, explicit_methods: bool) -> str | None
     return None
 
 
+def attach_mtp(engine: Any, spec: str, explicit_methods: bool) -> str | None:
+    """Load the MTP layer `spec` names (auto|none|PATH) into `engine`; the problem, or None.
+
+    'auto' loads the served folder's own mtp.* weights where it has them (any other
+    model: nothing, no error) and adds method 'mtp' to the defaults (engine/methods.py
+    MTP_BY_DEFAULT) unless --methods chose them."""
+    from jumpahead.engine.methods import MTP_BY_DEFAULT
+    from jumpahead.engine.mtp import MtpError
+
+    if spec not in (None, "", "none", "off"):
+        try:
+            engine.load_mtp(spec)
+        except (MtpError, OSError) as exc:
+            return f"cannot use the MTP layer of {spec}: {exc}"
+    if engine.mtp is None:
+        if "mtp" in engine.config.default_methods:
+            return "--methods mtp needs a checkpoint with mtp.* weights (--mtp PATH)"
+    elif MTP_BY_DEFAULT and not explicit_methods and "mtp" not in engine.config.default_methods:
+        engine.config.default_methods = (*engine.config.default_methods, "mtp")
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("jumpahead.serve")
@@ -289,7 +317,8 @@ def run(args: argparse.Namespace) -> int:
         engine.close()
         print("jumpahead: --methods draft needs --draft-model", file=sys.stderr)
         return 2
-    problem = attach_drafter(engine, getattr(args, "drafter", "none"), explicit_methods=args.methods is not None)
+    problem = attach_drafter(engine, getattr(args, "drafter", "none"), explicit_methods=args.methods is not None) \
+        or attach_mtp(engine, getattr(args, "mtp", "none"), explicit_methods=args.methods is not None)
     if problem:
         engine.close()
         print(f"jumpahead: {problem}", file=sys.stderr)

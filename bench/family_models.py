@@ -148,6 +148,83 @@ def _write_folder(out: Path, weights: dict[str, mx.array], config: dict, tokeniz
     return out
 
 
+# Families whose checkpoints ship a multi-token-prediction layer under `mtp.*` (engine/mtp.py)
+MTP_FAMILIES = ("qwen3_next", "qwen3_5")
+# `predictable=True`: the trunk's layer outputs scaled by this, so the model is nearly a
+# bigram model of its embedding and the MTP layer below predicts it well
+PREDICTABLE_SCALE = 0.003
+_HF_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight", ".q_norm.weight",
+             ".k_norm.weight")
+_MTP_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight", "q_norm.weight", "k_norm.weight",
+              "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight")
+_OUTPUTS = ("o_proj.weight", "out_proj.weight", "down_proj.weight")
+
+
+def _to_hf(weights: dict[str, mx.array], nested: bool) -> dict[str, mx.array]:
+    """mlx-lm's sanitize undone for qwen3_next / qwen3_5: per-expert tensors, conv1d as
+    [C, 1, K], zero-centred norms, qwen3_5's `model.language_model.` names."""
+    out: dict[str, mx.array] = {}
+    for name, v in weights.items():
+        if nested:
+            name = name.replace("language_model.model.", "model.language_model.").replace("language_model.lm_head.",
+                                                                                        "lm_head.")
+        if ".switch_mlp." in name:
+            for e in range(v.shape[0]):
+                out[name.replace(".switch_mlp.", f".experts.{e}.")] = v[e]
+            continue
+        if "conv1d.weight" in name and v.shape[-1] == 1:
+            v = v.moveaxis(1, 2)
+        if v.ndim == 1 and (name.endswith(_HF_NORMS) or (name.startswith("mtp.") and (
+                name == "mtp.norm.weight" or name.endswith(_MTP_NORMS)))):
+            v = v - 1.0
+        out[name] = v
+    return out
+
+
+def build_hf_with_mtp(family: str, root: Path, tokenizer_dir: Path, seed: int = 0, predictable: bool = False) -> Path:
+    """A Hugging Face format folder of `family`'s random model (as its checkpoints are
+    published: per-expert tensors, zero-centred norms, unsanitized conv1d) with an MTP
+    layer of the real names and shapes under `mtp.*` (mtp.fc, mtp.pre_fc_norm_embedding,
+    mtp.pre_fc_norm_hidden, mtp.layers.0.* -- one full-attention decoder layer of the
+    model's own kind -- and mtp.norm), which mlx-lm's loader drops and engine/mtp.py reads.
+
+    `predictable`: the trunk's layer outputs are scaled down (PREDICTABLE_SCALE), so its
+    next token is nearly a function of the current one, and the MTP layer is built to
+    compute exactly that function (fc passes the embedding half through, the layer
+    adds nothing): it drafts what the target will pick, which exercises acceptance."""
+    from mlx_lm.utils import _get_classes
+
+    from jumpahead.engine.mtp import MtpHead
+
+    if family not in MTP_FAMILIES:
+        raise ValueError(f"{family} has no MTP layout (known: {', '.join(MTP_FAMILIES)})")
+    out = Path(root) / f"{family}-hf-mtp{'-predictable' if predictable else ''}"
+    if (out / "model.safetensors").exists():
+        return out
+    config = family_config(family)
+    text = config.get("text_config", config)
+    (text if "text_config" in config else config)["mtp_num_hidden_layers" if "text_config" in config
+                                                   else "num_nextn_predict_layers"] = 1
+    model_class, args_class = _get_classes(config)
+    mx.random.seed(seed)
+    model = model_class(args_class.from_dict(config))
+    head = MtpHead.for_model(model)
+    scale = lambda p: p * WEIGHT_SCALE if mx.issubdtype(p.dtype, mx.floating) and p.ndim >= 2 else p  # noqa: E731
+    model.update(tree_map(scale, model.parameters()))
+    head.update(tree_map(scale, head.parameters()))
+    weights = dict(tree_flatten(model.parameters()))
+    mtp = dict(tree_flatten(head.parameters()))
+    if predictable:
+        weights = {k: v * PREDICTABLE_SCALE if k.endswith(_OUTPUTS) else v for k, v in weights.items()}
+        dim = text["hidden_size"]
+        mtp = {k: mx.zeros_like(v) if k.endswith(_OUTPUTS) else v for k, v in mtp.items()}
+        mtp["fc.weight"] = mx.concatenate([mx.eye(dim), mx.zeros((dim, dim))], axis=1)  # [embedding, hidden]
+    weights.update({f"mtp.{k}": v for k, v in mtp.items()})
+    weights = _to_hf(weights, nested="text_config" in config)
+    mx.eval(weights)
+    return _write_folder(out, weights, config, tokenizer_dir)
+
+
 # The default model's attention and MLP grafted into falcon_h1 (Mamba-2 state beside
 # attention in every layer): a hybrid recurrent model that writes like SmolLM2 (so
 # echo has copies to verify), whose Mamba path is small but real (its output weights

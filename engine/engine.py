@@ -62,6 +62,9 @@ class EngineConfig:
     prefix_cache_ssd_bytes: int = 16 << 30
     draft_model: str | None = None  # mlx-lm folder of a draft model (method "draft")
     drafter: str | None = None  # folder of a trained drafter head (method "drafter", engine/drafter.py)
+    # Hugging Face folder whose mtp.* weights serve method "mtp" (engine/mtp.py); "auto": the
+    # served model's own folder
+    mtp: str | None = None
     # Run one throwaway prefill chunk and round at startup (ModelRunner.warm_up), so
     # the first request (a restarted server's cache hit) pays no first-forward costs.
     warm_up: bool = True
@@ -107,6 +110,9 @@ class Engine:
             from .drafter import Drafter
 
             self.attach_drafter(Drafter.load(self.config.drafter, target=model))
+        self.mtp = None  # Mtp, set by attach_mtp
+        if self.config.mtp:
+            self.load_mtp(self.config.mtp)
         self._wake = threading.Event()
         self.rows = RowRegistry()
         self.prefix_cache = self._make_prefix_cache()
@@ -151,6 +157,34 @@ class Engine:
         mx.eval(drafter.parameters())  # arrays made lazily elsewhere must exist before the engine thread reads them
         self.runner.keep_hidden = True
         self.drafter = DraftGroup(drafter, self.model.model.embed_tokens)
+
+    def load_mtp(self, spec: str) -> None:
+        """`spec` "auto": the served folder's own mtp.* weights where the model type has an
+        MTP layout and the folder keeps them (else none, no error); a folder: its mtp.*
+        weights for the served model, or MtpError."""
+        from .mtp import MTP_MODEL_TYPES, MtpHead, model_type, read_mtp_weights
+
+        if spec == "auto":
+            folder = getattr(self.info, "path", None)
+            if model_type(self.model) not in MTP_MODEL_TYPES or not folder or read_mtp_weights(folder) is None:
+                return
+        else:
+            folder = spec
+        self.attach_mtp(MtpHead.load(folder, self.model))
+        log.info("mtp: the mtp.* layer of %s", folder)
+
+    def attach_mtp(self, head: Any) -> None:
+        """Serve method "mtp" with the checkpoint's MTP layer (an MtpHead): the runner keeps
+        the target's hidden state at every input (ModelRunner.keep_all_hidden), which the
+        scheduler hands to each row's MtpProposer."""
+        from .mtp import Mtp, MtpError
+
+        if not self.runner.split:
+            raise MtpError(f"{self.runner.model_type}: MTP reads the trunk's hidden state, and this model's head "
+                           "is not a plain projection of it")
+        mx.eval(head.parameters())
+        self.runner.keep_all_hidden = True
+        self.mtp = Mtp(head, self.model.model.embed_tokens, self.runner.head)
 
     def _make_prefix_cache(self) -> Any:
         """The prefix cache this config asks for (None when disabled)."""

@@ -38,6 +38,11 @@ SERVER_DEFAULT: tuple[str, ...] = ("echo",)
 # Whether `serve` adds method "drafter" to the defaults when it loads a drafter
 # (app/serve.py attach_drafter): only where `jumpahead bench draft` shows it paying.
 DRAFTER_BY_DEFAULT = False
+# Whether `serve` adds method "mtp" to the defaults when the checkpoint has MTP weights
+# (app/serve.py attach_mtp): the checkpoint's own trained draft layer, exact, and sized
+# by the width policy like every verified proposal, so a user who serves such a
+# checkpoint gets it without asking (--mtp none turns it off).
+MTP_BY_DEFAULT = True
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,17 @@ def _drafter_needs(engine: Any) -> str | None:
     return None
 
 
+def _mtp(engine: Any, req: "GenerationRequest") -> "Proposer":
+    return engine.mtp.proposer()
+
+
+def _mtp_needs(engine: Any) -> str | None:
+    if getattr(engine, "mtp", None) is None:
+        return ("method 'mtp' needs a checkpoint with mtp.* weights (a Hugging Face format qwen3_next / "
+                "qwen3_5 folder; serve --mtp auto|PATH)")
+    return None
+
+
 BUILTIN: tuple[Method, ...] = (
     Method("echo", "echo", True, "copies spans from the context (engine/echo.py)", _echo,
            arms=(MethodArm("echo", "echo copies from the context, verified"),)),
@@ -115,6 +131,8 @@ BUILTIN: tuple[Method, ...] = (
     Method("draft", "draft", True, "a draft model's tokens (engine/draft.py)", _draft, needs=_draft_needs),
     Method("drafter", "drafter", True, "a trained drafter head's tokens (engine/drafter.py)", _drafter,
            needs=_drafter_needs),
+    Method("mtp", "mtp", True, "the checkpoint's own multi-token-prediction layer (engine/mtp.py)", _mtp,
+           needs=_mtp_needs),
     Method(STRICT, "strict", False, "template scaffold and grammar jump-forward (engine/strict.py); "
            "checked (verified) unless asserted", None,
            arms=(MethodArm("strict", "strict fill, verified (the server's default)"),

@@ -80,6 +80,12 @@ class ModelRunner:
         # (engine/drafter.py). Kept only while `keep_hidden` is set and the head splits.
         self.keep_hidden = False
         self.last_hidden: mx.array | None = None
+        # The trunk's final hidden state at every input of the last forward, per row
+        # (lazy [W, D] each; a padded row's tail is padding): MTP (engine/mtp.py) writes
+        # its own cache from the target's state at each committed position. Kept only
+        # while `keep_all_hidden` is set and the head splits.
+        self.keep_all_hidden = False
+        self.row_hidden: list[mx.array] | None = None
         self.key_widths: list[int] = []
         self._probe()
         self.split = self.head is not None
@@ -186,6 +192,8 @@ class ModelRunner:
         cache.begin(inputs.shape[1], starts, lengths=lengths)
         if self.split:
             hidden = self.trunk(inputs, cache=cache.layers)
+            if self.keep_all_hidden:
+                self.row_hidden = [hidden[b] for b in range(hidden.shape[0])]
             if positions is None:
                 return None
             picked = hidden[:, positions, :]
@@ -218,6 +226,11 @@ class ModelRunner:
             packed += len(r)
         if ragged:
             hidden = ragged_hidden(self.model, rows, cache)
+            if self.keep_all_hidden:
+                starts = [0]
+                for r in rows:
+                    starts.append(starts[-1] + len(r))
+                self.row_hidden = [hidden[a:b] for a, b in zip(starts, starts[1:])]
             if not picks:
                 return None, offsets
             picked = mx.take(hidden, mx.array(picks, dtype=mx.int32), axis=0)

@@ -164,6 +164,7 @@ class Scheduler:
         chunk = row.prompt[row.prefilled : row.prefilled + size]
         final = row.prefilled + len(chunk) == len(row.prompt)
         logits = self.runner.forward([chunk], row.prefill_cache, slice(-1, None) if final else None)
+        self._observe_hidden(row, 0, row.prefilled, len(chunk))
         row.prefill_cache.advance([len(chunk)])
         row.prefilled += len(chunk)
         self.counters["forwards"] += 1
@@ -436,6 +437,7 @@ class Scheduler:
             self._keep_hidden(rows, where, picks)
         counts = []
         done = []
+        firsts = [r.position - 1 for r in rows]  # each row's pending token: its first input's position
         for i, (row, prop, (tokens, kinds, consumed, accepted, sources, logprobs)) in enumerate(zip(rows, props, picks)):
             row.timings.rounds += 1
             row.stats.rounds += 1
@@ -456,6 +458,8 @@ class Scheduler:
             counts.append(consumed)
             if row.finish_reason is not None:
                 done.append(i)
+            else:
+                self._observe_hidden(row, i, firsts[i], consumed)
         if self.runner.replay(self.group, inputs, counts, checkpoint):
             self.counters["replays"] += 1
         self.group.advance(counts)
@@ -467,6 +471,21 @@ class Scheduler:
         self.width_policy.observe_round(round_tokens, width, time.perf_counter() - t0)
         if done:
             self._retire(done)
+
+    def _observe_hidden(self, row: Row, b: int, position: int, count: int) -> None:
+        """Hand the target's hidden states of the `count` inputs row `b` of the last
+        forward consumed (from absolute `position`) to the row's proposers that keep a
+        state of their own over them (engine/mtp.py MtpProposer). Every consumed input
+        is covered, proposal or not, so such a proposer never misses a committed
+        position: the smallest way to give it the target's states of accepted tokens."""
+        hidden = self.runner.row_hidden
+        if not self.runner.keep_all_hidden or hidden is None or count <= 0:
+            return
+        for proposer in row.proposers:
+            observe = getattr(proposer, "observe_hidden", None) or getattr(getattr(proposer, "inner", None),
+                                                                         "observe_hidden", None)
+            if observe is not None:
+                observe(position, hidden[b][:count])
 
     def _keep_hidden(self, rows: list[Row], where: list[tuple[int, int]], picks: list) -> None:
         """Each row's hidden state at the input whose logits chose its new pending token
