@@ -25,10 +25,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_every_name_and_kind_comes_from_the_registry() -> None:
     names = set(methods.REGISTRY)
-    assert known() == ("echo", "ngram", "draft", "drafter", "strict")  # the --methods names
-    assert set(token_kinds()) == {"sampled", "strict", "echo", "ngram", "draft", "drafter", "jump", "scripted"}
+    assert known() == ("echo", "ngram", "draft", "drafter", "mtp", "strict")  # the --methods names
+    assert set(token_kinds()) == {"sampled", "strict", "echo", "ngram", "draft", "drafter", "mtp", "jump", "scripted"}
     assert set(token_kinds()) == {"sampled"} | {m.kind for m in methods.REGISTRY.values()}
-    assert VERIFIED_KINDS == {"echo", "ngram", "draft", "drafter"} and ASSERTED_KINDS == {"strict", "jump", "scripted"}
+    assert VERIFIED_KINDS == {"echo", "ngram", "draft", "drafter", "mtp"} and ASSERTED_KINDS == {"strict", "jump", "scripted"}
     for name in known():
         assert parse_methods(name) == (name,) and name in describe((name,))
     # every replay arm runs registered methods only (and `none`)
