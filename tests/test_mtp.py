@@ -237,3 +237,29 @@ def test_serve_adds_mtp_to_the_defaults_only_where_loaded(served):
         assert eng.config.default_methods == ("echo",)
     finally:
         eng.config.default_methods = saved
+
+
+def test_prompt_cache_hit_drafts_from_the_positions_it_runs(folders, tmp_path):
+    """A second turn from the prefix cache: the row's MTP context starts at the first
+    position the target runs (no hidden states exist before it), and the output is
+    still ordinary decoding's."""
+    from jumpahead.engine.engine import Engine, EngineConfig
+    from jumpahead.engine.loader import load_model
+
+    model, tok, info = load_model(str(folders("qwen3_next", True)), progress=lambda s: None)
+    eng = Engine(model, tok, info, EngineConfig(max_batch=2, mtp="auto", objective="latency", warm_up=False,
+                                                prefix_cache_ssd=False, prefix_cache_dir=str(tmp_path)))
+    eng.scheduler.width_policy = frozen_width_policy()
+    try:
+        first = chat_prompt(tok, TEXTS[0])
+        answer = run_rows(eng, [GenerationRequest(prompt=first, max_tokens=8, methods=["none"])])[0]["tokens"]
+        eng.flush_prefix_cache()
+        second = first + answer + chat_prompt(tok, TEXTS[1])
+        plain = run_rows(eng, [GenerationRequest(prompt=second, max_tokens=TOKENS, methods=["none"])])[0]
+        watched = Watched(eng.mtp)
+        drafted = run_rows(eng, [GenerationRequest(prompt=second, max_tokens=TOKENS, methods=["none"],
+                                                   proposers=[watched])])[0]
+        assert drafted["tokens"] == plain["tokens"]
+        assert watched.drafted_at and 0 < watched.cache.start < len(second), "the second turn did not hit the cache"
+    finally:
+        eng.close()
