@@ -28,15 +28,9 @@ from jumpahead.core.output import emit
 from jumpahead.bench.echo import COPY_TASKS, _rows, _summary, chat_prompt
 from jumpahead.engine.drafter import default_drafter_path, read_meta
 from jumpahead.engine.engine import Engine, EngineConfig
-
 # Held out: written for this benchmark, never part of the drafter's training prompts
-# (the task world's training seeds and the public sessions; live/train_drafter.py).
-NOTHING_TO_COPY = [
-    "A train leaves at 3:40 pm and the trip takes 2 hours 35 minutes. Work out step by step when it arrives.",
-    "Write a Python function that merges two sorted lists into one sorted list, with a docstring and tests.",
-    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-    "Explain the difference between a process and a thread, with an example of when to use each.",
-]
+# (live/train_drafter.py keeps every training source clear of their subjects).
+from jumpahead.live.train_drafter import NOTHING_TO_COPY
 
 
 def _method_stats(rows: list[dict[str, Any]], method: str) -> dict[str, Any]:

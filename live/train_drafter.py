@@ -162,9 +162,21 @@ def code_prompts(tokenizer: Any, n: int, rng: random.Random) -> list[list[int]]:
 
 # Everyday requests, combined from word lists so they are many and varied: what an
 # assistant writes besides tool calls (explanations, new code, stories, worked
-# problems). The benchmark's held-out prompts (bench/draft.py) are none of these, and
-# their subjects (merging sorted lists, processes vs threads, a lighthouse keeper, a
-# train's arrival time) are left out of the lists.
+# problems, letters, comparisons). Every drawn request is distinct: greedy decoding
+# writes the same continuation for the same prompt, so a repeat only adds weight to
+# one text (the first GPU run drew 4,000 from 2,400 distinct ones and its held-back
+# agreement counted repeats). The benchmark's held-out prompts (bench/draft.py) are
+# none of these; their subjects (merging sorted lists, processes vs threads, a
+# lighthouse keeper, a train's arrival time) are kept out (HELD_OUT_WORDS).
+HELD_OUT_WORDS = ("merg", "lighthouse", "thread", "process", "train")
+# The benchmark's turns with nothing to copy (bench/draft.py runs them): held out from
+# every training source above, kept here so that training can measure on them too.
+NOTHING_TO_COPY = [
+    "A train leaves at 3:40 pm and the trip takes 2 hours 35 minutes. Work out step by step when it arrives.",
+    "Write a Python function that merges two sorted lists into one sorted list, with a docstring and tests.",
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain the difference between a process and a thread, with an example of when to use each.",
+]
 _CODE_TASKS = [
     "checks whether a string is a palindrome", "counts the words in a text file", "flattens a nested list",
     "parses a CSV line with quoted fields", "computes the n-th Fibonacci number iteratively",
@@ -185,12 +197,51 @@ _CODE_TASKS = [
     "finds the most common element in a list", "encodes a string with run-length encoding",
     "measures how long a function takes to run", "reads a file line by line and skips comment lines",
     "computes the dot product of two vectors", "builds a histogram of word lengths",
+    "converts a binary string to a decimal number", "checks whether a year is a leap year",
+    "finds the intersection of two lists", "shuffles a list without using a library shuffle",
+    "counts the vowels in a string", "converts a string to title case", "sums the digits of a number",
+    "finds the missing number in a list from 1 to n", "checks whether a number is a power of two",
+    "computes the area of a circle from its radius", "generates a random password of a given length",
+    "removes all whitespace from a string", "finds the longest word in a sentence",
+    "converts a list of tuples into a dictionary", "pads a string to a fixed width",
+    "computes the standard deviation of a list", "finds pairs in a list that add up to a target",
+    "checks whether a list is sorted", "inverts a dictionary", "counts lines, words and bytes like wc",
+    "truncates a string to n characters with an ellipsis", "finds the index of the maximum value",
+    "converts snake_case names to camelCase", "parses a date string in ISO format",
+    "computes the Levenshtein distance between two strings", "builds a frequency table from a list",
+    "draws a text progress bar", "implements a linked list with insert and delete",
+    "implements depth-first search on a graph", "implements breadth-first search on a grid",
+    "finds the shortest path in a weighted graph with Dijkstra's algorithm", "compresses repeated spaces",
+    "validates a phone number", "converts hexadecimal colors to RGB tuples", "computes compound interest",
+    "deep-copies a nested dictionary", "memoizes a slow function", "paginates a list of items",
+    "debounces repeated calls to a function", "checks whether a Sudoku row is valid",
+    "computes the running total of a list", "finds the mode of a list of numbers",
+    "zips two lists into a list of pairs", "splits a full name into first and last name",
+    "counts the files in a directory tree", "reads environment variables with defaults",
+    "converts miles to kilometers", "checks whether a string contains only digits",
+    "escapes HTML special characters", "finds the common elements of three lists",
+    "implements a min-heap", "implements a trie for word lookup", "computes the power set of a set",
+    "generates all permutations of a string", "rounds a number to the nearest multiple of five",
+    "implements quicksort", "implements insertion sort", "computes the nth triangular number",
+    "returns the unique words of a text in alphabetical order", "computes a checksum of a file",
+    "parses key=value pairs from a config file", "converts a list of numbers into a comma-separated string",
 ]
-_LANGUAGES = ["Python", "Python", "Python", "JavaScript", "TypeScript", "Go", "Rust", "Java", "C", "Bash"]
+_OBJECTS = ["bank account with deposit and withdraw", "shopping cart that totals its items", "to-do list",
+            "temperature sensor reading", "deck of playing cards", "library book with a due date",
+            "2D point with a distance method", "rectangle with area and perimeter", "simple counter",
+            "student with a list of grades", "inventory of products", "timer that can be paused",
+            "matrix with addition and multiplication", "fraction with arithmetic operators", "polynomial",
+            "priority queue", "rate limiter", "URL builder", "event log", "configuration object"]
+_LANGUAGES = ["Python", "Python", "Python", "JavaScript", "TypeScript", "Go", "Rust", "Java", "C", "Bash",
+              "C++", "Ruby", "C#", "Kotlin", "PHP", "Swift", "Lua", "R"]
 _CODE_ASKS = ["Write a {lang} function that {task}.", "Show me how to write a {lang} program that {task}.",
               "Implement a {lang} function that {task}, and explain it briefly.",
               "Write a {lang} function that {task}. Include a short usage example.",
-              "I need {lang} code that {task}. Keep it simple."]
+              "I need {lang} code that {task}. Keep it simple.", "How would you write a {lang} function that {task}?",
+              "Can you write {lang} code that {task}? Add comments.",
+              "Write a {lang} function that {task}, then explain its time complexity."]
+_CLASS_ASKS = ["Write a {lang} class for a {obj}.", "Design a {lang} class that models a {obj}, with an example.",
+               "Implement a {obj} in {lang} and show how to use it."]
 _TOPICS = [
     "recursion", "a hash table", "big-O notation", "garbage collection", "a REST API", "TCP and UDP",
     "a mutex", "dependency injection", "unit testing", "version control with git", "a linked list",
@@ -202,16 +253,59 @@ _TOPICS = [
     "photosynthesis", "the water cycle", "how vaccines work", "inflation", "the greenhouse effect",
     "how a bicycle stays upright", "why the sky is blue", "how airplanes fly", "black holes", "plate tectonics",
     "compound interest", "the scientific method", "supply and demand", "how the heart pumps blood",
+    "closures", "generators in Python", "decorators in Python", "async and await", "memory leaks",
+    "pointers in C", "stack and heap memory", "an API key", "OAuth", "JSON", "YAML", "web sockets",
+    "a content delivery network", "microservices", "a message queue", "database transactions", "normalization",
+    "a B-tree", "graph algorithms", "dynamic programming", "greedy algorithms", "machine learning",
+    "neural networks", "overfitting", "gradient descent", "a compiler's parser", "an interpreter",
+    "static and dynamic typing", "the CAP theorem", "eventual consistency", "hashing passwords", "encryption",
+    "a firewall", "IP addresses", "the OSI model", "cloud computing", "serverless functions",
+    "test-driven development", "code refactoring", "technical debt", "semantic versioning", "pair programming",
+    "the moon's phases", "tides", "the seasons", "earthquakes", "volcanoes", "evolution", "DNA", "the immune system",
+    "sleep", "the stock market", "interest rates", "taxes", "renewable energy", "electric cars", "batteries",
+    "magnets", "electricity", "gravity", "friction", "sound waves", "rainbows", "the solar system", "stars",
+    "the Roman Empire", "the printing press", "the industrial revolution", "democracy", "recycling",
+    "climate change", "bees and pollination", "how the internet works", "how a search engine works",
+    "how email is delivered", "how a CPU executes instructions", "how GPS works", "how a refrigerator works",
 ]
 _EXPLAIN = ["Explain {topic} in simple terms.", "What is {topic}? Give an example.",
             "Explain {topic} to a beginner, step by step.", "Why does {topic} matter? Answer briefly.",
-            "Give me a short overview of {topic} and a common misconception about it."]
+            "Give me a short overview of {topic} and a common misconception about it.",
+            "How would you explain {topic} to a ten-year-old?", "Write a short paragraph about {topic}.",
+            "What are the pros and cons of {topic}?", "Summarize {topic} in three bullet points."]
+_COMPARE = ["What is the difference between {a} and {b}?", "Compare {a} and {b}. When would you use each?",
+            "{a} or {b}: which should a beginner learn first, and why?"]
+_PAIRS = [("a list", "a set"), ("SQL", "NoSQL databases"), ("TCP", "UDP"), ("git merge", "git rebase"),
+          ("a compiler", "an interpreter"), ("Python", "JavaScript"), ("recursion", "iteration"),
+          ("a stack", "a queue"), ("an array", "a linked list"), ("HTTP", "HTTPS"), ("RAM", "a hard disk"),
+          ("weather", "climate"), ("a virus", "a bacterium"), ("speed", "velocity"), ("mass", "weight"),
+          ("saving", "investing"), ("a class", "an object"), ("an interface", "an abstract class"),
+          ("unit tests", "integration tests"), ("REST", "GraphQL"), ("cookies", "local storage"),
+          ("a library", "a framework"), ("static typing", "dynamic typing"), ("Linux", "Windows"),
+          ("a tablet", "a laptop"), ("tea", "coffee"), ("running", "swimming"), ("renting", "buying a home")]
 _STORY = ["a robot learning to paint", "a cat who runs a bakery", "two friends lost in a forest", "a time traveler "
           "who misses the bus", "a dragon afraid of fire", "a child who finds a secret door", "an astronaut "
           "alone on Mars", "a detective solving a missing sandwich case", "a town where it never stops raining",
           "a musician who loses her voice", "a gardener who grows a giant pumpkin", "a ghost who wants friends"]
+_CHARACTERS = ["a shy robot", "an old fisherman", "a curious fox", "a young wizard", "a retired pirate",
+               "a talking tree", "a lonely astronaut", "a clumsy knight", "a brave little mouse", "a grumpy baker",
+               "a famous chef", "a tired teacher", "a lost puppy", "a clever squirrel", "a nervous student",
+               "a kind giant", "a forgetful inventor", "a small dragon", "a princess who hates castles",
+               "a farmer", "a painter", "a mail carrier", "a night watchman", "a street musician", "a penguin",
+               "an owl", "a programmer", "a grandmother", "twin sisters", "a detective", "a firefighter",
+               "a scientist", "a beekeeper", "a snowman", "a pilot", "a librarian", "a bus driver", "a turtle"]
+_SITUATIONS = ["who finds a map to a hidden treasure", "who wakes up able to fly", "who has to save a village",
+               "who opens a tiny restaurant", "who makes an unlikely friend", "who gets lost in a big city",
+               "who enters a cooking contest", "who discovers a door in the basement", "who loses a magic key",
+               "who must cross a frozen lake", "who builds a machine that talks", "who plants a strange seed",
+               "on the first day of school", "during a big storm", "on a trip to the moon",
+               "who wants to become a singer", "who finds a talking cat", "who solves a mystery at the zoo",
+               "who travels back to the year 1900", "who is afraid of the dark", "on a long summer holiday",
+               "who learns to dance", "who runs for mayor", "who guards a secret garden", "who can read minds",
+               "who finds an old diary", "who climbs the tallest mountain", "who gets a letter from the future"]
 _WRITING = ["Write a short story about {s}.", "Write a poem about {s}.", "Write a funny short story about {s}.",
-            "Write the opening paragraph of a novel about {s}."]
+            "Write the opening paragraph of a novel about {s}.", "Tell me a bedtime story about {s}.",
+            "Write a haiku about {s}.", "Write a short fable about {s}, with a moral at the end."]
 _PROBLEMS = [
     "A shop sells pens at {a} cents each. How much do {b} pens cost? Show your steps.",
     "If a rectangle is {a} cm long and {b} cm wide, what are its area and perimeter? Explain step by step.",
@@ -221,30 +315,102 @@ _PROBLEMS = [
     "A class has {c} students and {a} of them are absent. What fraction is present? Simplify it.",
     "Solve for x: {a}x + {b} = {c}. Show each step.",
     "A recipe needs {a} eggs for {b} people. How many eggs are needed for {c} people? Explain.",
+    "A tank holds {c} liters and fills at {a} liters per minute. How long until it is full? Show your work.",
+    "Anna reads {a} pages a day. How many days does she need for a book of {c} pages?",
+    "A jacket costs {c} dollars and is on sale for {a} percent off. What is the sale price? Explain.",
+    "What is {a} times {b}, minus {c}? Show the steps.",
+    "A garden is {a} meters by {b} meters. How much fence is needed to go around it?",
+    "If {a} workers build a wall in {b} days, how long would {c} workers take? Explain your reasoning.",
+    "Is {c} a prime number? Explain how you check.", "Convert {c} minutes into hours and minutes.",
+    "The sum of two numbers is {c} and their difference is {a}. What are the numbers? Show your steps.",
+    "A bag has {a} red and {b} blue marbles. What is the probability of picking a red one?",
 ]
 _ADVICE = ["How do I get better at {x}?", "Give me five tips for {x}.", "What are common mistakes in {x}?",
-           "Make a one-week plan for {x}."]
+           "Make a one-week plan for {x}.", "What should a beginner know about {x}?",
+           "I keep struggling with {x}. What can I do?"]
 _ACTIVITIES = ["learning to code", "writing clear emails", "debugging Python programs", "studying for exams",
                "public speaking", "code reviews", "learning a new language", "time management", "running",
-               "cooking on a budget", "reading research papers", "writing documentation"]
+               "cooking on a budget", "reading research papers", "writing documentation", "saving money",
+               "sleeping well", "learning the guitar", "job interviews", "writing unit tests", "drawing",
+               "gardening", "staying focused while working from home", "learning SQL", "managing a small team",
+               "taking notes", "learning math", "making friends in a new city", "planning a trip",
+               "writing a resume", "keeping a journal", "learning to swim", "naming variables"]
+_LETTERS = ["Write an email to {who} about {what}.", "Write a short, polite message to {who} about {what}.",
+            "Draft a formal letter to {who} regarding {what}."]
+_RECIPIENTS = ["my manager", "a customer", "my landlord", "a teacher", "my team", "a new colleague",
+               "a friend", "the city council", "a hiring manager", "my neighbor"]
+_MATTERS = ["a delayed project", "a broken heater", "taking a day off", "a meeting next week", "a refund",
+            "a job application", "a noisy party", "a thank-you for their help", "a change in schedule",
+            "an invoice that was paid twice", "joining a volunteer group", "a missing package"]
+_VERBS = {"Return": "returns", "Compute": "computes", "Convert": "converts", "Check": "checks", "Parse": "parses",
+          "Find": "finds", "Create": "creates", "Remove": "removes", "Split": "splits", "Read": "reads",
+          "Write": "writes", "Format": "formats", "Test": "tests", "Encode": "encodes",
+          "Decode": "decodes", "Generate": "generates", "Count": "counts", "Build": "builds", "Make": "makes",
+          "Calculate": "calculates", "Normalize": "normalizes", "Strip": "strips", "Join": "joins"}
+
+
+def _library_tasks() -> list[str]:
+    """Code tasks from the first line of the standard library's function docstrings
+    ("Return the ...": "returns the ..."): hundreds of distinct small functions."""
+    import ast
+    import sysconfig
+
+    out = set()
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
+        if {"test", "tests", "idlelib", "site-packages", "dist-packages"} & set(path.parts):
+            continue
+        try:
+            tree = ast.parse(path.read_text())
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+                continue
+            line = (ast.get_docstring(node) or "").split("\n")[0].strip()
+            if not line.endswith(".") or "  " in line:  # a whole one-sentence summary only
+                continue
+            verb, _, rest = line[:-1].partition(" ")
+            if verb in _VERBS and 15 <= len(rest) <= 90 and not any(c in rest for c in "`*<>|{}") \
+                    and "self" not in rest:
+                out.add(f"{_VERBS[verb]} {rest[0].lower()}{rest[1:]}")
+    return sorted(t for t in out if not any(w in t.lower() for w in HELD_OUT_WORDS))
+
+
+def _general_request(kind: int, rng: random.Random, library: list[str]) -> str:
+    if kind in (0, 1):
+        tasks = library if kind == 1 and library else _CODE_TASKS
+        return rng.choice(_CODE_ASKS).format(lang=rng.choice(_LANGUAGES), task=rng.choice(tasks))
+    if kind == 2:
+        return rng.choice(_CLASS_ASKS).format(lang=rng.choice(_LANGUAGES), obj=rng.choice(_OBJECTS))
+    if kind == 3:
+        return rng.choice(_EXPLAIN).format(topic=rng.choice(_TOPICS))
+    if kind == 4:
+        a, b = rng.choice(_PAIRS)
+        return rng.choice(_COMPARE).format(a=a, b=b)
+    if kind in (5, 6):
+        s = rng.choice(_STORY) if rng.random() < 0.1 else f"{rng.choice(_CHARACTERS)} {rng.choice(_SITUATIONS)}"
+        return rng.choice(_WRITING).format(s=s)
+    if kind == 7:
+        a, b = rng.randint(2, 60), rng.randint(2, 30)
+        return rng.choice(_PROBLEMS).format(a=a, b=b, c=rng.randint(a + b, 400))
+    if kind == 8:
+        return rng.choice(_ADVICE).format(x=rng.choice(_ACTIVITIES))
+    return rng.choice(_LETTERS).format(who=rng.choice(_RECIPIENTS), what=rng.choice(_MATTERS))
 
 
 def general_prompts(tokenizer: Any, n: int, rng: random.Random) -> list[list[int]]:
-    """`n` everyday requests drawn from the lists above (see their comment)."""
+    """`n` distinct everyday requests drawn from the lists above (see their comment);
+    fewer where the lists run out."""
+    library = _library_tasks() if n else []
+    seen: set[str] = set()
     out = []
-    for i in range(n):
-        kind = i % 6
-        if kind in (0, 1):
-            text = rng.choice(_CODE_ASKS).format(lang=rng.choice(_LANGUAGES), task=rng.choice(_CODE_TASKS))
-        elif kind == 2:
-            text = rng.choice(_EXPLAIN).format(topic=rng.choice(_TOPICS))
-        elif kind == 3:
-            text = rng.choice(_WRITING).format(s=rng.choice(_STORY))
-        elif kind == 4:
-            a, b = rng.randint(2, 60), rng.randint(2, 30)
-            text = rng.choice(_PROBLEMS).format(a=a, b=b, c=rng.randint(a + b, 400))
-        else:
-            text = rng.choice(_ADVICE).format(x=rng.choice(_ACTIVITIES))
+    for i in range(n * 20):
+        if len(out) >= n:
+            break
+        text = _general_request(i % 10, rng, library)
+        if text in seen or any(w in text.lower() for w in HELD_OUT_WORDS):
+            continue
+        seen.add(text)
         out.append(_ids(tokenizer, [{"role": "user", "content": text}], None, add_generation_prompt=True))
     return out
 
@@ -389,10 +555,13 @@ def build_prompts(args: argparse.Namespace, tok: Any, rng: random.Random) -> tup
         say(f"no public sessions at {args.sessions}: task world and code prompts only")
     code = code_prompts(tok, args.code_prompts, rng)
     general = general_prompts(tok, args.general_prompts, rng)
-    prompts = world + sessions + code + general
+    counts = {"task_world": len(world), "public_sessions": len(sessions), "code_and_prose": len(code),
+              "general": len(general)}
+    # greedy decoding continues equal prompts equally: keep each once
+    prompts = list({tuple(p): p for p in world + sessions + code + general}.values())
+    counts["repeats_dropped"] = sum(counts.values()) - len(prompts)
     rng.shuffle(prompts)
-    return prompts, {"task_world": len(world), "public_sessions": len(sessions), "code_and_prose": len(code),
-                     "general": len(general)}
+    return prompts, counts
 
 
 def export_prompts(args: argparse.Namespace) -> dict[str, Any]:
@@ -412,8 +581,15 @@ def export_prompts(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.export_prompts)
     out.mkdir(parents=True, exist_ok=True)
     eos = sorted({int(t) for t in engine.tokenizer.eos_token_ids})
+    # the benchmark's held-out prompts travel apart: the torch script only measures the
+    # drafter's agreement on their continuations (never trains on them), so the choice
+    # between variants is made on text no training prompt came from
+    held = [_ids(engine.tokenizer, [{"role": "user", "content": t}], None, add_generation_prompt=True)
+            for t in NOTHING_TO_COPY]
     np.savez_compressed(out / "prompts.npz", tokens=np.concatenate([np.array(p, dtype=np.int32) for p in prompts]),
                         starts=np.cumsum([0] + [len(p) for p in prompts]).astype(np.int64), eos=np.array(eos),
+                        heldout_tokens=np.concatenate([np.array(p, dtype=np.int32) for p in held]),
+                        heldout_starts=np.cumsum([0] + [len(p) for p in held]).astype(np.int64),
                         ref_tokens=np.array(ref, dtype=np.int32), ref_hidden=np.array(hidden[0].astype(mx.float32)),
                         ref_argmax=np.array(argmax).astype(np.int64), sources=np.array(json.dumps(counts)))
     engine.close()

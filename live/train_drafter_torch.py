@@ -242,10 +242,11 @@ def agreement(d: Drafter, embed: torch.Tensor, d2t: torch.Tensor, H: torch.Tenso
 
 def train_variant(H: torch.Tensor, X: torch.Tensor, train_from: int, train_idx: torch.Tensor,
                   valid_idx: torch.Tensor, embed: torch.Tensor, ffn: int, vocab_size: int, chain: int, minutes: float, batch: int,
-                  lr: float, seed: int) -> tuple[Drafter, dict[str, Any]]:
+                  lr: float, seed: int, train_end: int, heldout_idx: torch.Tensor | None = None
+                  ) -> tuple[Drafter, dict[str, Any]]:
     torch.manual_seed(seed)
     dev = H.device
-    counts = torch.bincount(X[train_from:], minlength=embed.shape[0])  # the training rows' tokens
+    counts = torch.bincount(X[train_from:train_end], minlength=embed.shape[0])  # the training rows' tokens
     d2t = torch.argsort(-counts, stable=True)[:vocab_size]
     t2d = torch.full((embed.shape[0],), -1, dtype=torch.long, device=dev)
     t2d[d2t] = torch.arange(vocab_size, device=dev)
@@ -298,6 +299,8 @@ def train_variant(H: torch.Tensor, X: torch.Tensor, train_from: int, train_idx: 
     info = {"ffn": ffn, "draft_vocab": vocab_size, "chain": chain, "steps": steps, "batch": batch, "lr": lr,
             "seconds": round(time.monotonic() - t1, 1), "final_loss": round(float(np.mean(losses[-10:])), 4),
             "valid_agreement_before": before, "valid_agreement": after, "vocab_coverage": round(covered, 4)}
+    if heldout_idx is not None:  # the benchmark's prompts (see main)
+        info["heldout_agreement"] = agreement(d, embed, d2t, H, X, heldout_idx)
     say(json.dumps(info))
     return d, info
 
@@ -389,6 +392,12 @@ def main(argv: list[str] | None = None) -> int:
         say(f"{done}/{len(prompts)} prompts, {sum(len(t) for _, t in rows)} tokens, "
             f"{time.monotonic() - t_gen:.0f} s")
     gen_s = time.monotonic() - t_gen
+    # the benchmark's prompts, continued apart: measured on, never trained on
+    heldout: list[tuple[np.ndarray, np.ndarray]] = []
+    if "heldout_tokens" in data:
+        hs = data["heldout_starts"]
+        heldout = continue_batch(target, [data["heldout_tokens"][a:b] for a, b in zip(hs[:-1], hs[1:])],
+                                 args.continue_tokens, eos)
     del target
     torch.cuda.empty_cache() if dev.type == "cuda" else None
 
@@ -396,10 +405,12 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(args.seed)
     rows = [rows[i] for i in rng.permutation(len(rows))]
     n_valid = max(2, len(rows) // 20)
-    H = torch.from_numpy(np.concatenate([h for h, _ in rows])).to(dev)
-    X = torch.from_numpy(np.concatenate([t for _, t in rows]).astype(np.int64)).to(dev)
+    H = torch.from_numpy(np.concatenate([h for h, _ in rows + heldout])).to(dev)
+    X = torch.from_numpy(np.concatenate([t for _, t in rows + heldout]).astype(np.int64)).to(dev)
     lens = [len(t) for _, t in rows]
-    starts_r = np.cumsum([0] + lens)
+    starts_r = np.cumsum([0] + lens)  # training and held-back rows; the held-out ones follow
+    starts_h = starts_r[-1] + np.cumsum([0] + [len(t) for _, t in heldout])
+    h_idx = torch.from_numpy(examples(starts_h, 4)).to(dev) if heldout else None
     embed_t = torch.from_numpy(weights.pop("model.embed_tokens.weight")).to(dev)  # read once, above
     del weights
     variants = args.variant or ["1024:4096:3"]
@@ -417,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         v_idx = examples(starts_r[: n_valid + 1], 4)
         tr = torch.from_numpy(idx[idx >= valid_end]).to(dev)
         d, info = train_variant(H, X, valid_end, tr, torch.from_numpy(v_idx).to(dev), embed_t, ffn, vocab, chain,
-                                args.train_minutes, args.batch, args.lr, args.seed)
+                                args.train_minutes, args.batch, args.lr, args.seed, int(starts_r[-1]), h_idx)
         info["train_examples"], info["valid_examples"] = int(len(tr)), int(len(v_idx))
         name = f"drafter-{ffn}-{vocab}-{chain}"
         info["files"] = save(d, out, name, int(args.max_file_mb * 2**20))

@@ -195,6 +195,24 @@ def test_shipped_drafter_records_how_it_was_trained():
     assert (SHIPPED / "drafter.safetensors").stat().st_size < 20 << 20
 
 
+def test_general_prompts_are_distinct_and_keep_the_benchmarks_subjects_out(loaded_model):
+    """Greedy decoding continues a repeated prompt identically, so a repeat is wasted
+    data and sits on both sides of the held-back split: every drawn request differs, and
+    none is (or shares a subject with) a benchmark prompt."""
+    import random
+
+    from jumpahead.live.train_drafter import HELD_OUT_WORDS, NOTHING_TO_COPY, general_prompts
+
+    tok = loaded_model[1]
+    prompts = general_prompts(tok, 3000, random.Random(5))
+    assert len(prompts) == 3000 and len({tuple(p) for p in prompts}) == 3000
+    texts = [tok.decode(p).split("<|im_start|>user")[-1] for p in prompts]  # the request (not the system text)
+    assert not [t for t in texts if any(w in t.lower() for w in HELD_OUT_WORDS)]
+    assert all(any(w in b.lower() for w in HELD_OUT_WORDS) for b in NOTHING_TO_COPY)
+    kinds = {t.split()[0] for t in texts}  # the opening words vary
+    assert len(kinds) > 15
+
+
 def test_openai_sdk_sees_drafter_telemetry_and_metrics(dengine):
     openai = pytest.importorskip("openai")
     from .serving import serve
@@ -301,6 +319,9 @@ def test_torch_trainer_reproduces_the_engine_and_its_weights_import(tmp_path, lo
                      "--variant", "128:256:2", "--max-file-mb", "0.2"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["forward_check"]["argmax_agreement"] >= 0.98
+    # measured on the benchmark's held-out prompts (exported apart, never trained on)
+    assert len(data["heldout_starts"]) == 5
+    assert len(summary["variants"]["drafter-128-256-2"]["heldout_agreement"]) == 4
     files = summary["variants"]["drafter-128-256-2"]["files"]
     assert len(files) > 1  # split under the size cap
     drafter_dir = tmp_path / "drafter"
