@@ -30,7 +30,7 @@ import mlx.core as mx  # the jumpahead.engine package has loaded OpenBLAS by now
 import mlx.nn as nn
 import numpy as np
 
-from .proposal import Proposal, RowView
+from .proposal import AdaptiveLength, Proposal, RowView
 
 DRAFTER_VERSION = 1
 WEIGHTS = "drafter.safetensors"
@@ -178,41 +178,24 @@ class DraftGroup:
         return self.results.pop(id(proposer))[:k]
 
 
-class DrafterProposer:
+class DrafterProposer(AdaptiveLength):
     """Per-row proposals (verified, kind "drafter") from the shared DraftGroup; the
     length adapts to the row's acceptance, and a row the drafter keeps missing rests."""
 
     name = "drafter"
 
     def __init__(self, group: DraftGroup, k: int = 4, max_k: int = 6) -> None:
+        super().__init__(k, max_k)
         self.round_group = group
-        self.k = k
-        self.max_k = max_k
-        self.cooldown = 0
-        self.misses = 0
 
     def propose(self, view: RowView, max_len: int) -> Proposal | None:
-        if self.cooldown > 0:
-            self.cooldown -= 1
+        if self.resting():
             return None
         k = min(self.k, max_len)
         if k <= 0 or view.hidden is None or len(view.tokens) <= view.prompt_len:
             return None  # (before the first token, the pending one is not chosen yet)
         return Proposal(self.round_group.draft(self, view, k), "drafter")
 
-    def feedback(self, proposal: Proposal, accepted: int) -> None:
-        k = len(proposal.tokens)
-        if accepted == k:
-            self.k = min(self.max_k, self.k + 1)
-            self.misses = 0
-        elif accepted == 0:
-            self.k = max(1, self.k - 1)
-            self.misses += 1
-            if self.misses >= 4:  # nothing predictable here: rest a few rounds
-                self.cooldown = self.misses
-        else:
-            self.k = max(1, accepted + 1)
-            self.misses = 0
 
 
 def default_drafter_path() -> Path:

@@ -45,7 +45,7 @@ import mlx.core as mx  # the jumpahead.engine package has loaded OpenBLAS by now
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
-from .proposal import Proposal, RowView
+from .proposal import AdaptiveLength, Proposal, RowView
 
 log = logging.getLogger("jumpahead.engine")
 
@@ -247,18 +247,15 @@ class Mtp:
         return mx.concatenate(out, axis=1)[0].tolist()
 
 
-class MtpProposer:
+class MtpProposer(AdaptiveLength):
     """Verified proposals of kind "mtp" for one row, from its own MtpCache; the length
     adapts to the row's acceptance as the drafter's does, and a row it keeps missing rests."""
 
     name = "mtp"
 
     def __init__(self, mtp: Mtp, k: int = 3, max_k: int = 6) -> None:
+        super().__init__(k, max_k)
         self.mtp = mtp
-        self.k = k
-        self.max_k = max_k
-        self.cooldown = 0
-        self.misses = 0
         self.cache: MtpCache | None = None
         # target hidden states not yet written into the cache: (first position, [m, D])
         self.pending: list[tuple[int, mx.array]] = []
@@ -276,8 +273,7 @@ class MtpProposer:
             self.pending = [(first, joined)]
 
     def propose(self, view: RowView, max_len: int) -> Proposal | None:
-        if self.cooldown > 0:
-            self.cooldown -= 1
+        if self.resting():
             return None
         k = min(self.k, max_len)
         n = len(view.tokens) - 1  # the pending token's position
@@ -293,17 +289,3 @@ class MtpProposer:
             self.cache.trim_to(first)  # drop the last draft's speculative entries
         self.pending = []
         return Proposal(self.mtp.draft(self.cache, hidden, list(view.tokens[first + 1: n + 1]), k), "mtp")
-
-    def feedback(self, proposal: Proposal, accepted: int) -> None:
-        k = len(proposal.tokens)
-        if accepted == k:
-            self.k = min(self.max_k, self.k + 1)
-            self.misses = 0
-        elif accepted == 0:
-            self.k = max(1, self.k - 1)
-            self.misses += 1
-            if self.misses >= 4:
-                self.cooldown = self.misses
-        else:
-            self.k = max(1, accepted + 1)
-            self.misses = 0

@@ -67,6 +67,39 @@ class Proposer(Protocol):
     def feedback(self, proposal: Proposal, accepted: int) -> None: ...
 
 
+class AdaptiveLength:
+    """The draft length of a learned proposer (trained drafter, MTP): one longer after a
+    proposal accepted whole, one past what was accepted after a partial one, one shorter
+    after a miss; a row missed four times in a row rests as many rounds as its misses
+    (nothing predictable there). Subclasses call `resting()` first in `propose`."""
+
+    def __init__(self, k: int, max_k: int) -> None:
+        self.k = k
+        self.max_k = max_k
+        self.cooldown = 0
+        self.misses = 0
+
+    def resting(self) -> bool:
+        if self.cooldown > 0:
+            self.cooldown -= 1
+            return True
+        return False
+
+    def feedback(self, proposal: Proposal, accepted: int) -> None:
+        k = len(proposal.tokens)
+        if accepted == k:
+            self.k = min(self.max_k, self.k + 1)
+            self.misses = 0
+        elif accepted == 0:
+            self.k = max(1, self.k - 1)
+            self.misses += 1
+            if self.misses >= 4:
+                self.cooldown = self.misses
+        else:
+            self.k = max(1, accepted + 1)
+            self.misses = 0
+
+
 class Constraint(Protocol):
     """A grammar over the row's output (engine/grammar.py builds one with xgrammar).
 
