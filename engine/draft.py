@@ -2,12 +2,22 @@
 
 `DraftModel` holds the draft's weights (shared by every row) and refuses, when it is
 built, a draft whose tokenizer is not the target's: proposals are token ids, so both
-models must give every id the same meaning. Each row gets a `DraftProposer` with its
-own mlx-lm KV cache. Between rounds the proposer syncs that cache with the row's
-committed tokens (trim back to the longest common prefix with what the draft has
-consumed, then feed what is missing) and proposes k greedy draft tokens; the target
-verifies them like any verified proposal, so the row's output is the same as without
-the draft, at any temperature. k adapts to the row's acceptance.
+models must give every id the same meaning. Each row gets a `DraftProposer`; every
+row's draft state lives in the model's one `DraftModelGroup`: one batched cache of
+the draft model (the engine's own RowKVCache, run by a ModelRunner of the draft, as
+the target's group is; not mlx-lm's BatchKVCache, whose left-padded rows share one
+write pointer and so cannot roll back one row alone), a row per proposer with its own
+end pointer. Each round the rows offered to the group (the scheduler's
+`_offer_round_groups`, as for the learned drafter) roll back to their committed
+tokens by pointer, catch up on what they lack in one ragged forward, and draft k
+greedy tokens in a chain of batched width-1 forwards: at B>1 the draft model runs one
+forward per step for all rows, not one per row. The target verifies the tokens like
+any verified proposal, so the row's output is the same as without the draft, at any
+temperature. k adapts to the row's acceptance.
+
+The prefix cache keeps a row's draft KV beside the target's (`DraftCompanion`, a
+CompanionHook: RAM and SSD), so a warm turn feeds the draft model only the tokens
+after the stored state instead of the whole prompt.
 
 No second real model can be downloaded here: `ensure_draft_model(n_layers)` writes a
 layer-truncated copy of the default model (same tokenizer, first blocks plus the
@@ -20,15 +30,17 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx  # the jumpahead.engine package has loaded OpenBLAS by now
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
+from .cache_layout import single_row
 from .model_runner import ModelRunner
 from .proposal import Proposal, RowView
+from .row_cache import STEP
 
 DRAFT_VERSION = 1
 FEED_CHUNK = 512  # most tokens one draft forward consumes while catching up
@@ -73,11 +85,13 @@ def tokenizer_differences(target: Any, draft: Any) -> list[str]:
     return out
 
 
-# --- the model and its per-row proposers ---------------------------------------------
+# --- the model, its group and the per-row proposers ----------------------------------
 
 
 class DraftModel:
-    """A loaded draft model; `proposer()` makes one DraftProposer per row."""
+    """A loaded draft model; `proposer()` makes one DraftProposer per row, all of them
+    members of the model's one DraftModelGroup (a DraftModel serves one engine: its
+    group is driven from that engine's thread)."""
 
     def __init__(
         self,
@@ -98,10 +112,16 @@ class DraftModel:
         self.info = info
         self.k = k
         self.max_k = max_k
-        runner = ModelRunner(model)  # reuse its head detection: project only the last position
-        self.split, self.head = runner.split, getattr(runner, "head", None)
+        # The engine's own runner over the draft: batched, ragged forwards over a
+        # RowKVCache whose rows roll back by their end pointers (engine/row_cache.py).
+        self.runner = ModelRunner(model)
+        if single_row(self.runner.layout):
+            raise DraftModelError("the draft model has chunked-attention layers, which run one row per forward: "
+                                  "a draft must batch its rows")
+        self.split, self.head = self.runner.split, self.runner.head
         if target_tokenizer is not None:
             self.check_compatible(target_tokenizer)
+        self.group = DraftModelGroup(self)
 
     @property
     def name(self) -> str:
@@ -131,56 +151,290 @@ class DraftModel:
         return cls(model, tokenizer, info, target_tokenizer, **kwargs)
 
     def proposer(self) -> "DraftProposer":
-        return DraftProposer(self, self.k, self.max_k)
+        return DraftProposer(self.group, self.k, self.max_k)
 
-    def logits_last(self, tokens: list[int], cache: list[Any]) -> mx.array:
-        """Feed `tokens` into `cache`; logits [V] of the last position (lazy)."""
-        x = mx.array([tokens], dtype=mx.int32)
-        if self.split:
-            hidden = self.model.model(x, cache=cache)
-            return self.head(hidden[:, -1:, :])[0, -1]
-        return self.model(x, cache=cache)[0, -1]
+    @property
+    def fingerprint(self) -> str:
+        """The draft's weights' identity (names its prefix-cache companion: a stored
+        state is restored only into the draft model that computed it)."""
+        found = self.__dict__.get("_fingerprint")
+        if found is None:
+            from .ssd_cache import model_fingerprint
+
+            found = self.__dict__["_fingerprint"] = model_fingerprint(self.model, self.name, extra="draft")
+        return found
+
+
+def _common(a: Sequence[int], b: Sequence[int], start: int, limit: int) -> int:
+    """Length of the common prefix of a and b, known equal up to `start`, at most `limit`."""
+    n = max(0, min(start, limit))
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
+
+
+class DraftModelGroup:
+    """Every row's draft state in one batched cache; drafts for all offered rows at once.
+
+    Row b of `cache` (the draft model's RowKVCache) belongs to `members[b]`, whose
+    `consumed` lists the tokens at positions [0, cache.ends[b]) (committed tokens,
+    then the draft's own guesses from its last chain). The scheduler calls
+    `start_round`, then `offer(proposer, view)` for each row whose verified tokens can
+    pay this round; the first proposer that asks (`draft`) drafts for every offered
+    row together:
+
+    1. a row seen for the first time catches up alone in a single-row cache (from a
+       prefix-cache state where one was restored, else from nothing) and joins the
+       group (RowKVCache.append_rows), as the target's rows join after prefill;
+    2. every other row rolls back to its longest common prefix with its committed
+       tokens by moving its end pointer (rejected guesses are masked and overwritten),
+       and what it lacks (the last accepted guess, the target's own token, the tokens
+       of rounds it was not offered) is fed for all rows in one ragged forward
+       (ModelRunner.forward_ragged; chunks of FEED_CHUNK where a row lags far);
+    3. the chain: width-1 forwards over the whole batch, each row's greedy token fed
+       back, `width - 1` times (lazy: one host read at the end).
+
+    Rows of the cache that draft nothing this round still sit in the batch (a forward
+    covers every row of a RowKVCache); they get one throwaway token written at their
+    end and are not advanced, exactly like a rejected proposal token. A row leaves with
+    `release` (DraftProposer.release_row, from Scheduler._retire), after the prefix
+    cache captured its state (DraftCompanion)."""
+
+    def __init__(self, draft: DraftModel) -> None:
+        self.draft_model = draft
+        self.runner = draft.runner
+        self.cache = self.runner.new_cache()
+        self.members: list[DraftProposer] = []
+        self.offered: list[tuple[DraftProposer, RowView]] = []
+        self.results: dict[int, list[int]] = {}
+        # counters (benches, tests): batched forwards over the group (catch-ups and chain
+        # steps; `catch_ups` of them), the forwards drafting row by row would have run
+        # for the same drafts, single-row forwards of joining rows, chains, rows
+        # drafted, tokens fed catching up
+        self.forwards = 0
+        self.catch_ups = 0
+        self.row_forwards = 0
+        self.joins = 0
+        self.chains = 0
+        self.rows_drafted = 0
+        self.fed = 0
+
+    # --- the scheduler's round protocol (engine/scheduler.py _offer_round_groups) ----------
+    def start_round(self) -> None:
+        self.offered = []
+        self.results = {}
+
+    def offer(self, proposer: "DraftProposer", view: RowView) -> None:
+        if proposer.cooldown == 0 and view.budget > 1:
+            self.offered.append((proposer, view))
+
+    def draft(self, proposer: "DraftProposer", view: RowView, k: int) -> list[int]:
+        if id(proposer) not in self.results:
+            batch = [(p, v) for p, v in self.offered if id(p) not in self.results]
+            if not any(p is proposer for p, _ in batch):
+                batch.append((proposer, view))  # asked without an offer (a wrapped proposer, a test)
+            widths = [max(1, k if p is proposer else min(p.k, v.budget - 1)) for p, v in batch]
+            try:
+                self._run(batch, widths)
+            except Exception:
+                self.reset()  # never leave the members and the cache out of step
+                raise
+        return self.results.pop(id(proposer))[:k]
+
+    def stats(self) -> dict[str, int]:
+        """/metrics "draft_model": how the group's forwards were shared."""
+        return {"rows": len(self.members), "forwards": self.forwards, "catch_ups": self.catch_ups,
+                "row_forwards": self.row_forwards, "join_forwards": self.joins, "chains": self.chains,
+                "rows_drafted": self.rows_drafted, "fed_tokens": self.fed}
+
+    # --- membership ---------------------------------------------------------------------
+    def index(self, proposer: "DraftProposer") -> int | None:
+        for b, p in enumerate(self.members):
+            if p is proposer:
+                return b
+        return None
+
+    def release(self, proposer: "DraftProposer") -> None:
+        """The row is gone: its slot leaves the batch."""
+        b = self.index(proposer)
+        proposer.consumed, proposer.settled, proposer.restored = [], 0, None
+        if b is None:
+            return
+        self.members.pop(b)
+        self.cache.remove_rows([b])
+
+    def reset(self) -> None:
+        """Drop every row's state (after an error); rows catch up again when they next draft."""
+        for p in self.members:
+            p.consumed, p.settled = [], 0
+        self.members = []
+        self.cache = self.runner.new_cache()
+
+    # --- drafting -------------------------------------------------------------------------
+    def _run(self, batch: list[tuple["DraftProposer", RowView]], widths: list[int]) -> None:
+        """Draft widths[i] tokens for batch[i] (the chain runs to the widest; a row
+        gets the tokens of all its steps, the proposer takes what it asked for)."""
+        width = max(widths)
+        last: dict[int, mx.array] = {}  # id(proposer) -> lazy logits [V] after its last committed token
+        feeds: dict[int, list[int]] = {}  # cache row -> tokens to feed
+        for p, v in batch:
+            tokens, n = v.tokens, len(v.tokens)
+            b = self.index(p)
+            if b is None:
+                last[id(p)] = self._join(p, tokens)
+                p.settled = n
+                continue
+            keep = _common(p.consumed, tokens, p.settled, min(len(p.consumed), n - 1))  # feed >= 1 token
+            self.cache.ends[b] = keep  # roll back by pointer
+            del p.consumed[keep:]
+            feeds[b] = list(tokens[keep:])
+            p.settled = n  # the row's tokens up to its pending one are committed
+        if feeds:
+            by_row = self._feed(feeds)
+            for p, _ in batch:
+                b = self.index(p)
+                if b in by_row:
+                    last[id(p)] = by_row[b]
+        rows = [self.index(p) for p, _ in batch]
+        zero = mx.array(0, dtype=mx.int32)
+        firsts = {b: mx.argmax(last[id(p)], axis=-1).astype(mx.int32) for (p, _), b in zip(batch, rows)}
+        B = len(self.members)
+        current = mx.stack([firsts.get(b, zero) for b in range(B)])
+        steps = [current]
+        drafting = [1 if b in firsts else 0 for b in range(B)]
+        self._grow_rings(width)
+        for _ in range(width - 1):
+            logits = self.runner.forward(current[:, None], self.cache, slice(-1, None))
+            self.cache.advance(drafting)
+            current = mx.argmax(logits[:, -1, :], axis=-1).astype(mx.int32)
+            steps.append(current)
+            self.forwards += 1
+        # row by row, each row's chain would be a forward per token it wants after the first
+        self.row_forwards += sum(w - 1 for w in widths)
+        table = mx.stack(steps, axis=1)
+        mx.eval(table, *self.cache.arrays())
+        table = table.tolist()
+        self.chains += 1
+        self.rows_drafted += len(batch)
+        for (p, _), b in zip(batch, rows):
+            p.consumed += table[b][: width - 1]  # fed back in the chain (the last one was not)
+            self.results[id(p)] = table[b]
+
+    def _grow_rings(self, width: int) -> None:
+        """Sliding-window layers keep a ring of window + the widest forward (RowKVCache):
+        enough to roll back one forward's rejected tokens. The chain writes its guesses
+        in `width - 1` forwards of one token, rolled back together next round, so the
+        ring must hold window + width - 1 before it starts (else a guess would overwrite
+        a key the row's next queries still see)."""
+        for layer in self.cache.windowed:
+            need = layer.rounded(layer.window + width - 1)
+            if layer.keys is not None and layer.capacity < need:
+                layer.resize(need, self.cache.ends)
+
+    def _join(self, p: "DraftProposer", tokens: Sequence[int]) -> mx.array:
+        """Catch a new row up alone in a single-row cache and add it to the batch;
+        the logits after its last token."""
+        one = self.runner.new_cache()
+        one.ends = [0]
+        start = 0
+        if p.restored is not None:  # a prefix-cache hit's draft state (DraftCompanion.restore)
+            kv, n = p.restored
+            n = _common(p.consumed, tokens, 0, min(n, len(p.consumed), len(tokens) - 1))
+            if n > 0:
+                capacity = ((len(tokens) + STEP) // STEP) * STEP
+                one.install_segments([kv], int(kv.shape[3]), capacity)
+                one.ends = [n]
+                start = n
+        p.restored = None
+        logits = None
+        feed = list(tokens[start:])
+        for i in range(0, len(feed), FEED_CHUNK):
+            part = feed[i : i + FEED_CHUNK]
+            final = i + FEED_CHUNK >= len(feed)
+            logits = self.runner.forward([part], one, slice(-1, None) if final else None)
+            one.advance([len(part)])
+            mx.eval(one.arrays() if not final else [logits, *one.arrays()])
+            self.joins += 1
+        self.fed += len(feed)
+        p.fed += len(feed)
+        p.consumed = list(tokens)
+        self.cache.append_rows(one)
+        self.members.append(p)
+        return logits[0, -1]
+
+    def _feed(self, feeds: dict[int, list[int]]) -> dict[int, mx.array]:
+        """Feed each row b its tokens feeds[b] (all rows in each forward, at most
+        FEED_CHUNK tokens per row per forward); the logits after each one's last."""
+        out: dict[int, mx.array] = {}
+        at = dict.fromkeys(feeds, 0)
+        while any(at[b] < len(f) for b, f in feeds.items()):
+            inputs, counts, wants = [], [], []
+            for b in range(len(self.members)):
+                f = feeds.get(b)
+                if f is None or at[b] >= len(f):
+                    inputs.append([0])  # a throwaway token at the row's end, not advanced
+                    counts.append(0)
+                    wants.append(0)
+                    continue
+                part = f[at[b] : at[b] + FEED_CHUNK]
+                at[b] += len(part)
+                inputs.append(part)
+                counts.append(len(part))
+                wants.append(1 if at[b] == len(f) else 0)
+            logits, offsets = self.runner.forward_ragged(inputs, self.cache, wants)
+            self.cache.advance(counts)
+            for b, want in enumerate(wants):
+                if want:
+                    out[b] = logits[offsets[b]]
+            self.forwards += 1
+            self.catch_ups += 1
+            self.row_forwards += sum(1 for c in counts if c)
+            if any(at[b] < len(f) for b, f in feeds.items()):
+                mx.eval(self.cache.arrays())
+        for b, f in feeds.items():
+            self.members[b].consumed += f
+            self.members[b].fed += len(f)
+            self.fed += len(f)
+        return out
+
+    # --- the prefix cache's view (DraftCompanion) -----------------------------------------
+    def capture(self, p: "DraftProposer", tokens: Sequence[int], length: int) -> dict[str, mx.array] | None:
+        """Row p's draft KV over the first `length` committed tokens, or its longest
+        part the draft holds: {"kv": [L, 2|1, H, n, D], "length": [n]}; None where it
+        holds none or its layers do not pack into one segment (sliding windows would
+        need snapshots: such a draft re-prefills on a hit)."""
+        b = self.index(p)
+        if b is None or self.cache.snapshots or self.cache.segment_packing() not in ("pair", "concat"):
+            return None
+        n = _common(p.consumed, tokens, min(p.settled, length), min(length, len(p.consumed), self.cache.ends[b]))
+        if n <= 0:
+            return None
+        return {"kv": self.cache.segment(b, 0, n), "length": mx.array([n], dtype=mx.int32)}
 
 
 class DraftProposer:
-    """Per-row draft proposals (verified, kind "draft") from the row's own draft cache."""
+    """Per-row draft proposals (verified, kind "draft"); the row's draft state lives in
+    the shared DraftModelGroup. k adapts to the row's acceptance, and a row the draft
+    keeps missing rests a few rounds."""
 
     name = "draft"
 
-    def __init__(self, draft: DraftModel, k: int = 4, max_k: int = 8) -> None:
-        self.draft = draft
-        self.cache = make_prompt_cache(draft.model)
-        self.consumed: list[int] = []  # tokens in self.cache, in order
+    def __init__(self, group: DraftModelGroup, k: int = 4, max_k: int = 8) -> None:
+        self.round_group = group
+        self.consumed: list[int] = []  # tokens in the row's slot of the group's cache, in order
         self.settled = 0  # consumed[:settled] are committed tokens of the row: never trimmed
+        # (kv, n): a prefix-cache hit's draft state for the first n prompt tokens,
+        # installed when the row first drafts (DraftModelGroup._join)
+        self.restored: tuple[mx.array, int] | None = None
         self.k = k
         self.max_k = max_k
         self.cooldown = 0
         self.misses = 0
-        self.forwards = 0  # draft forwards run (for benches)
+        self.fed = 0  # tokens the draft model consumed catching this row up (tests)
 
-    def _sync(self, tokens: list[int] | Any) -> mx.array:
-        """Make the cache hold `tokens`; return the logits after the last one."""
-        n = len(tokens)
-        lcp = self.settled
-        limit = min(len(self.consumed), n - 1)  # feed at least one token to get logits
-        while lcp < limit and self.consumed[lcp] == tokens[lcp]:
-            lcp += 1
-        lcp = min(lcp, limit)
-        extra = len(self.consumed) - lcp
-        if extra:
-            trim_prompt_cache(self.cache, extra)
-            del self.consumed[lcp:]
-        feed = list(tokens[lcp:])
-        logits = None
-        for i in range(0, len(feed), FEED_CHUNK):
-            part = feed[i : i + FEED_CHUNK]
-            logits = self.draft.logits_last(part, self.cache)
-            self.forwards += 1
-            if i + FEED_CHUNK < len(feed):
-                mx.eval([c.state for c in self.cache])
-        self.consumed += feed
-        self.settled = n  # the row's tokens up to its pending one are committed
-        return logits
+    @property
+    def draft(self) -> DraftModel:
+        return self.round_group.draft_model
 
     def propose(self, view: RowView, max_len: int) -> Proposal | None:
         if self.cooldown > 0:
@@ -189,17 +443,11 @@ class DraftProposer:
         k = min(self.k, max_len)
         if k <= 0:
             return None
-        logits = self._sync(view.tokens)
-        out: list[int] = []
-        while True:
-            tok = int(mx.argmax(logits).item())
-            out.append(tok)
-            if len(out) == k:
-                break
-            logits = self.draft.logits_last([tok], self.cache)
-            self.forwards += 1
-            self.consumed.append(tok)
-        return Proposal(out, "draft")
+        return Proposal(self.round_group.draft(self, view, k), "draft")
+
+    def release_row(self) -> None:
+        """The row left the group (engine/scheduler.py _retire): free its slot."""
+        self.round_group.release(self)
 
     def feedback(self, proposal: Proposal, accepted: int) -> None:
         k = len(proposal.tokens)
@@ -214,6 +462,42 @@ class DraftProposer:
         else:
             self.k = max(1, accepted + 1)
             self.misses = 0
+
+
+class DraftCompanion:
+    """The draft model's KV stored with the target's in the prefix cache (RAM and SSD;
+    engine/prefix_cache.py CompanionHook): when a row's tokens are published, its
+    draft state over them is captured beside the target's KV, and a hit hands the
+    deepest one to the new row's proposer, which then feeds the draft only the tokens
+    after it. The state is the whole prefix's draft KV (not the node's part: a
+    companion is restored from one node), named by the draft's fingerprint."""
+
+    def __init__(self, draft: DraftModel) -> None:
+        self.group = draft.group
+        self.name = f"draft-{draft.fingerprint[:16]}"
+
+    def _proposer(self, row: Any) -> DraftProposer | None:
+        for p in row.proposers:
+            p = p if isinstance(p, DraftProposer) else getattr(p, "inner", None)
+            if isinstance(p, DraftProposer) and p.round_group is self.group:
+                return p
+        return None
+
+    def capture(self, row: Any, length: int) -> dict[str, mx.array] | None:
+        p = self._proposer(row)
+        return None if p is None else self.group.capture(p, list(row.prompt) + list(row.output), length)
+
+    def restore(self, row: Any, state: dict[str, mx.array], length: int) -> None:
+        p = self._proposer(row)
+        if p is None or "kv" not in state or "length" not in state:
+            return
+        n = int(state["length"].reshape(-1)[0].item())
+        kv = state["kv"]
+        if not 0 < n <= min(length, len(row.prompt)) or kv.ndim != 5 or int(kv.shape[3]) != n:
+            return
+        p.restored = (kv, n)
+        p.consumed = list(row.prompt[:n])
+        p.settled = 0
 
 
 # --- producing a draft: a truncated copy of the default model -------------------------

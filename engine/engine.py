@@ -117,6 +117,8 @@ class Engine:
         self.rows = RowRegistry()
         self.prefix_cache = self._make_prefix_cache()
         self.scheduler.prefix_cache = self.prefix_cache
+        if self.draft is not None:
+            self._store_draft_state(self.draft)
         # Made now, not on the first request: strict fill imports xgrammar (and torch),
         # ~1 s once per process, which a restarted server's first turn would pay.
         _ = self.strict
@@ -145,6 +147,18 @@ class Engine:
         """Serve method "draft" with `draft` (a DraftModel); refuses another tokenizer family."""
         draft.check_compatible(self.tokenizer)
         self.draft = draft
+        if getattr(self, "prefix_cache", None) is not None:  # (None yet while __init__ runs)
+            self._store_draft_state(draft)
+
+    def _store_draft_state(self, draft: Any) -> None:
+        """The prefix cache keeps each row's draft KV beside the target's (engine/draft.py
+        DraftCompanion), so a warm turn does not re-prefill the draft model."""
+        from .draft import DraftCompanion
+
+        if self.prefix_cache is None:
+            return
+        self.prefix_cache.hooks = [h for h in self.prefix_cache.hooks if not isinstance(h, DraftCompanion)]
+        self.prefix_cache.register_companion(DraftCompanion(draft))
 
     def attach_drafter(self, drafter: Any) -> None:
         """Serve method "drafter" with a trained Drafter: rows keep the target's hidden
@@ -386,6 +400,8 @@ class Engine:
         methods = self.scheduler.totals.as_dict().get("methods")
         if methods:
             out["methods"] = methods  # verified proposals per method: accepted lengths, propose time
+        if self.draft is not None:  # the draft model's batched forwards (engine/draft.py DraftModelGroup)
+            out["draft_model"] = self.draft.group.stats()
         if self.prefix_cache is not None:
             out["prefix_cache"] = self.prefix_cache.stats()
         out["memory"] = self.memory()

@@ -62,6 +62,16 @@ class SchedulerConfig:
             raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
 
 
+def _release(row: Row) -> None:
+    """The row leaves: proposers that keep per-row state in a group of their own (a
+    draft model's batched cache, engine/draft.py DraftModelGroup) free its slot there."""
+    for proposer in row.proposers:
+        release = getattr(proposer, "release_row", None) or getattr(getattr(proposer, "inner", None), "release_row",
+                                                                     None)
+        if release is not None:
+            release()
+
+
 class Scheduler:
     def __init__(self, runner: ModelRunner, config: SchedulerConfig) -> None:
         self.runner = runner
@@ -114,6 +124,10 @@ class Scheduler:
         """After an engine error: end every row with an error and start clean."""
         for row in list(self.running) + list(self.waiting):
             row.finish("error", message)
+            try:
+                _release(row)
+            except Exception:  # a group left inconsistent by the error resets itself when next used
+                log.exception("releasing a row's proposer state failed")
         self.running.clear()
         self.waiting.clear()
         self._ahead = None
@@ -148,6 +162,8 @@ class Scheduler:
         if self.prefix_cache is not None:  # publish what each row consumed before its slot goes
             for i in indices:
                 self.prefix_cache.on_retire(self.running[i], self.group, i)
+        for i in indices:  # after the publish: a draft model's state is captured beside the target's
+            _release(self.running[i])
         self.group.remove_rows(indices)
         drop = set(indices)
         self.running = [r for i, r in enumerate(self.running) if i not in drop]
@@ -186,6 +202,7 @@ class Scheduler:
             self.running.append(row)
         else:
             self._account(row)
+            _release(row)
         row.prefill_cache = None
 
     def _propose(self, row: Row, asserted_only: bool = False) -> Proposal | None:
@@ -316,7 +333,9 @@ class Scheduler:
         started: set[int] = set()
         batch = max(1, len(self.running))
         for row in rows:
-            grouped = [p for p in row.proposers if getattr(p, "round_group", None) is not None]
+            # (a proposer wrapped for a constrained row, engine/grammar.py, is offered as itself)
+            grouped = [q for q in (p if getattr(p, "round_group", None) is not None else getattr(p, "inner", None)
+                                   for p in row.proposers) if getattr(q, "round_group", None) is not None]
             for proposer in grouped:  # every group starts its round (no offer kept from the last)
                 if id(proposer.round_group) not in started:
                     started.add(id(proposer.round_group))

@@ -445,11 +445,13 @@ def test_draft_with_another_tokenizer_is_refused(ctx, tmp_path):
 
 
 def test_draft_cache_sync_after_partial_acceptance(ctx):
-    """The per-row draft cache is trimmed back to the committed tokens and fed what is
-    missing: after a partial acceptance the next proposal equals a fresh proposer's."""
+    """The row's slot in the draft group's cache is rolled back to the committed tokens
+    and fed what is missing: after a partial acceptance the next proposal equals a
+    fresh proposer's."""
     from jumpahead.engine.proposal import RowView
 
     weak, prompt = ctx["weak"], ctx["prompts"][0]
+    group = weak.group
     p = weak.proposer()
     first = p.propose(RowView(prompt, len(prompt), 100), 4)
     assert len(first.tokens) == 4 and p.consumed == prompt + first.tokens[:3]
@@ -457,7 +459,11 @@ def test_draft_cache_sync_after_partial_acceptance(ctx):
         seq = list(p.consumed[: len(p.consumed) - len(first.tokens) + 1]) + first.tokens[:accepted] + [17]
         p.k = 4
         first = p.propose(RowView(seq, len(prompt), 100), 4)
-        fresh = weak.proposer().propose(RowView(seq, len(prompt), 100), 4)
+        other = weak.proposer()
+        fresh = other.propose(RowView(seq, len(prompt), 100), 4)
+        other.release_row()
         assert first.tokens == fresh.tokens
         assert p.consumed == seq + first.tokens[:3]
-        assert all(c.offset == len(p.consumed) for c in p.cache)
+        assert group.cache.ends[group.index(p)] == len(p.consumed)
+    p.release_row()
+    assert group.index(p) is None
