@@ -266,3 +266,34 @@ def test_warm_turn_restores_the_draft_state_from_the_prefix_cache(deng, loaded_m
         assert deng.prefix_cache.counters["ssd_hits"] > ssd_hits
     want = run_rows(deng, [GenerationRequest(prompt=second, max_tokens=16, methods=["off"])])[0]
     assert_same_or_near_tie(loaded_model[0], second, got["tokens"], want["tokens"])
+
+
+def test_sliding_window_draft_in_a_batch(tmp_path):
+    """A draft with sliding-window layers (a tiny random gemma3_text, window 8, as its own
+    draft): its rows' rings are rolled back by pointer after each chain, with prompts
+    crossing the window several times; greedy output is ordinary decoding's and the
+    draft, being the target, is accepted almost everywhere."""
+    from jumpahead.bench.family_models import WINDOW, build
+    from jumpahead.engine.default_model import ensure_default_model
+    from jumpahead.engine.draft import DraftModel
+    from jumpahead.engine.engine import Engine, EngineConfig
+    from jumpahead.engine.loader import load_model
+
+    folder = build("gemma3_text", tmp_path, ensure_default_model(progress=lambda s: None))
+    model, tok, info = load_model(str(folder), progress=lambda s: None)
+    eng = Engine(model, tok, info, EngineConfig(max_batch=2, cost_aware=False, prefix_cache=False))
+    try:
+        eng.attach_draft(DraftModel(model, tok, info, target_tokenizer=tok))
+        assert eng.draft.group.cache.windowed or eng.draft.runner.windowed
+        prompts = [chat_prompt(tok, p) for p in PROMPTS[:2]]
+        assert min(len(p) for p in prompts) > 3 * WINDOW
+        reqs = [GenerationRequest(prompt=p, max_tokens=16, methods=["draft"]) for p in prompts]
+        plain = run_rows(eng, [GenerationRequest(prompt=p, max_tokens=16, methods=["off"]) for p in prompts])
+        out = run_rows(eng, reqs)
+        for p, got, want in zip(prompts, out, plain):
+            assert_same_or_near_tie(model, p, got["tokens"], want["tokens"])
+        methods = [o["fill"]["methods"]["draft"] for o in out]
+        proposed, accepted = sum(m["proposed"] for m in methods), sum(m["accepted"] for m in methods)
+        assert accepted >= 0.8 * proposed > 0, methods
+    finally:
+        eng.close()
