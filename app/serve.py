@@ -182,12 +182,8 @@ def attach_drafter(engine: Any, spec: str, explicit_methods: bool) -> str | None
             if not auto:
                 return f"cannot use drafter {spec}: {exc}"
             log.info("drafter: the shipped one is not for this model (%s)", exc)
-    if engine.drafter is None:
-        if "drafter" in engine.config.default_methods:
-            return "--methods drafter needs a drafter (--drafter PATH)"
-    elif DRAFTER_BY_DEFAULT and not explicit_methods and "drafter" not in engine.config.default_methods:
-        engine.config.default_methods = (*engine.config.default_methods, "drafter")
-    return None
+    return _default_method(engine, "drafter", engine.drafter is not None, DRAFTER_BY_DEFAULT and not explicit_methods,
+                           "--methods drafter needs a drafter (--drafter PATH)")
 
 
 def attach_mtp(engine: Any, spec: str, explicit_methods: bool) -> str | None:
@@ -204,11 +200,18 @@ def attach_mtp(engine: Any, spec: str, explicit_methods: bool) -> str | None:
             engine.load_mtp(spec)
         except (MtpError, OSError) as exc:
             return f"cannot use the MTP layer of {spec}: {exc}"
-    if engine.mtp is None:
-        if "mtp" in engine.config.default_methods:
-            return "--methods mtp needs a checkpoint with mtp.* weights (--mtp PATH)"
-    elif MTP_BY_DEFAULT and not explicit_methods and "mtp" not in engine.config.default_methods:
-        engine.config.default_methods = (*engine.config.default_methods, "mtp")
+    return _default_method(engine, "mtp", engine.mtp is not None, MTP_BY_DEFAULT and not explicit_methods,
+                           "--methods mtp needs a checkpoint with mtp.* weights (--mtp PATH)")
+
+
+def _default_method(engine: Any, method: str, loaded: bool, add: bool, missing: str) -> str | None:
+    """After loading what serves `method`: `missing` where --methods names it and
+    nothing was loaded; else add it to the defaults where `add` says so."""
+    defaults = engine.config.default_methods
+    if not loaded:
+        return missing if method in defaults else None
+    if add and method not in defaults:
+        engine.config.default_methods = (*defaults, method)
     return None
 
 

@@ -39,7 +39,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
 from .cache_layout import single_row
 from .model_runner import ModelRunner
-from .proposal import Proposal, RowView
+from .proposal import Proposal, RowView, unwrapped
 from .row_cache import STEP
 
 DRAFT_VERSION = 1
@@ -477,8 +477,7 @@ class DraftCompanion:
         self.name = f"draft-{draft.fingerprint[:16]}"
 
     def _proposer(self, row: Any) -> DraftProposer | None:
-        for p in row.proposers:
-            p = p if isinstance(p, DraftProposer) else getattr(p, "inner", None)
+        for p in map(unwrapped, row.proposers):
             if isinstance(p, DraftProposer) and p.round_group is self.group:
                 return p
         return None

@@ -67,6 +67,13 @@ class Proposer(Protocol):
     def feedback(self, proposal: Proposal, accepted: int) -> None: ...
 
 
+def unwrapped(proposer: Any) -> Any:
+    """The proposer itself under a constrained row's wrapper (engine/grammar.py
+    ConstrainedProposer keeps it as `inner`): where per-row state, groups and hooks
+    (`round_group`, `release_row`, `observe_hidden`) live."""
+    return getattr(proposer, "inner", proposer)
+
+
 class AdaptiveLength:
     """The draft length of a learned proposer (trained drafter, MTP): one longer after a
     proposal accepted whole, one past what was accepted after a partial one, one shorter

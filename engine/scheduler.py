@@ -21,7 +21,7 @@ import numpy as np
 from .forecast import note_copy, remaining
 from .logprobs import token_logprob
 from .model_runner import ModelRunner
-from .proposal import VERIFIED_KINDS, Proposal, ProposalStats
+from .proposal import VERIFIED_KINDS, Proposal, ProposalStats, unwrapped
 from .row import Row
 from .width_policy import LONG_MATCH, Acceptance, WidthPolicy, expected_accepted, prior_rate
 
@@ -66,8 +66,7 @@ def _release(row: Row) -> None:
     """The row leaves: proposers that keep per-row state in a group of their own (a
     draft model's batched cache, engine/draft.py DraftModelGroup) free its slot there."""
     for proposer in row.proposers:
-        release = getattr(proposer, "release_row", None) or getattr(getattr(proposer, "inner", None), "release_row",
-                                                                     None)
+        release = getattr(unwrapped(proposer), "release_row", None)
         if release is not None:
             release()
 
@@ -334,8 +333,7 @@ class Scheduler:
         batch = max(1, len(self.running))
         for row in rows:
             # (a proposer wrapped for a constrained row, engine/grammar.py, is offered as itself)
-            grouped = [q for q in (p if getattr(p, "round_group", None) is not None else getattr(p, "inner", None)
-                                   for p in row.proposers) if getattr(q, "round_group", None) is not None]
+            grouped = [q for q in map(unwrapped, row.proposers) if getattr(q, "round_group", None) is not None]
             for proposer in grouped:  # every group starts its round (no offer kept from the last)
                 if id(proposer.round_group) not in started:
                     started.add(id(proposer.round_group))
@@ -501,8 +499,7 @@ class Scheduler:
         if not self.runner.keep_all_hidden or hidden is None or count <= 0:
             return
         for proposer in row.proposers:
-            observe = getattr(proposer, "observe_hidden", None) or getattr(getattr(proposer, "inner", None),
-                                                                         "observe_hidden", None)
+            observe = getattr(unwrapped(proposer), "observe_hidden", None)
             if observe is not None:
                 observe(position, hidden[b][:count])
 
