@@ -106,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
 
     options = ReplayOptions(arms, turns=args.turns or None, max_context=args.max_context or None,
                             max_output_tokens=args.max_output_tokens or None, max_proposal=args.max_proposal,
-                            cost_aware=not args.no_cost_aware, objective=args.objective)
+                            cost_aware=not args.no_cost_aware, objective=args.objective,
+                            drafter=None if args.drafter in (None, "auto", "none", "off") else args.drafter)
     say = (lambda s: None) if args.quiet else (lambda s: print(f"jumpahead replay: {s}", file=sys.stderr))
     try:
         loaded = load_model(args.model, progress=say)
@@ -119,9 +120,14 @@ def run(args: argparse.Namespace) -> int:
             loaded = (loaded[0], showing_reasoning(loaded[1]), loaded[2])
         except TemplateError as exc:
             return _fail(str(exc))
-    doc = replay(sessions, options, loaded,
-                 progress=None if args.quiet else (lambda total, turns: Progress(total, turns)),
-                 warn=lambda m: print(f"jumpahead replay: WARNING: {m}", file=sys.stderr))
+    from jumpahead.engine.drafter import DrafterError
+
+    try:
+        doc = replay(sessions, options, loaded,
+                     progress=None if args.quiet else (lambda total, turns: Progress(total, turns)),
+                     warn=lambda m: print(f"jumpahead replay: WARNING: {m}", file=sys.stderr))
+    except DrafterError as exc:  # an arm runs method "drafter" and the drafter is not this model's
+        return _fail(f"cannot use the drafter: {exc}")
     if args.show_reasoning:
         doc["options"]["template"] = "earlier reasoning shown (--show-reasoning)"
     emit(doc, args.out)

@@ -304,13 +304,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     if args.draft_model:
-        from jumpahead.engine.draft import DraftModel, DraftModelError, ensure_draft_model
+        from jumpahead.engine.draft import DraftModel, DraftModelError, draft_model_folder
 
         try:
-            spec = args.draft_model
-            if spec == "truncated" or spec.startswith("truncated:"):
-                n = int(spec.partition(":")[2] or 4)
-                spec = str(ensure_draft_model(n, progress=log.info))
+            spec = draft_model_folder(args.draft_model, progress=log.info)
             engine.attach_draft(DraftModel.load(spec, engine.tokenizer, progress=log.info))
         except (DraftModelError, ValueError, OSError) as exc:
             engine.close()

@@ -11,8 +11,13 @@ tokens differ from ordinary decoding's fails the benchmark (exit 1), whatever th
    draft length (mean and histogram).
 2. copy-heavy turns (bench/echo.py's): echo vs echo + drafter (goal: at least echo alone).
 3. a mixed batch of 4 (two copy-heavy, two plain): echo vs echo + drafter vs ordinary.
+4. the two-model draft (`--draft-model`, default `truncated:8`: the default model's first
+   8 blocks; `none` skips it) on the same held-out turns, vs ordinary at B=1 and as one
+   batch of 4 (both objectives), with the draft group's forward counts: every row's
+   draft runs in one batched forward per step (`forwards`) where drafting row by row
+   would have run `row_forwards`.
 
-`jumpahead bench draft [--drafter PATH] [--tokens N] [--repeats R] [--model M]`.
+`jumpahead bench draft [--drafter PATH] [--draft-model SPEC|none] [--tokens N] [--repeats R] [--model M]`.
 """
 
 from __future__ import annotations
@@ -26,11 +31,15 @@ import mlx.core as mx
 
 from jumpahead.core.output import emit
 from jumpahead.bench.echo import COPY_TASKS, _rows, _summary, chat_prompt
+from jumpahead.engine.draft import draft_model_folder
 from jumpahead.engine.drafter import default_drafter_path, read_meta
 from jumpahead.engine.engine import Engine, EngineConfig
 # Held out: written for this benchmark, never part of the drafter's training prompts
 # (live/train_drafter.py keeps every training source clear of their subjects).
 from jumpahead.live.train_drafter import NOTHING_TO_COPY
+
+DEFAULT_DRAFT_MODEL = "truncated:8"
+_GROUP_COUNTS = ("forwards", "row_forwards", "chains", "rows_drafted", "fed_tokens")  # DraftModelGroup.stats
 
 
 def _method_stats(rows: list[dict[str, Any]], method: str) -> dict[str, Any]:
@@ -57,9 +66,12 @@ def _method_stats(rows: list[dict[str, Any]], method: str) -> dict[str, Any]:
             else 0.0, "tokens_per_round": round(tokens / rounds, 3) if rounds else 0.0}
 
 
-def run(drafter: str | None, model: str | None = None, tokens: int = 96, repeats: int = 3) -> dict[str, Any]:
+def run(drafter: str | None, model: str | None = None, tokens: int = 96, repeats: int = 3,
+        draft_model: str | None = DEFAULT_DRAFT_MODEL) -> dict[str, Any]:
     path = str(drafter or default_drafter_path())
-    engine = Engine.load(model, EngineConfig(prefix_cache_ssd=False, drafter=path), progress=lambda s: None)
+    draft_folder = draft_model_folder(draft_model, progress=lambda s: None) if draft_model else None
+    engine = Engine.load(model, EngineConfig(prefix_cache_ssd=False, drafter=path, draft_model=draft_folder),
+                         progress=lambda s: None)
     tok = engine.tokenizer
     plain = [chat_prompt(tok, t) for t in NOTHING_TO_COPY]
     copy = [chat_prompt(tok, t) for t in COPY_TASKS]
@@ -77,6 +89,8 @@ def run(drafter: str | None, model: str | None = None, tokens: int = 96, repeats
                 mismatches.append(f"{label}: arm {arm} differs from {reference}")
 
     arms_b1 = {"ordinary": [], "drafter": ["drafter"]}
+    arms_two = {"ordinary": [], "draft": ["draft"]} if draft_folder else {}
+    draft_counts: dict[str, list[dict[str, int]]] = {}
     arms_copy = {"echo": ["echo"], "echo+drafter": ["echo", "drafter"]}
     arms_mixed = {"ordinary": [], "echo": ["echo"], "echo+drafter": ["echo", "drafter"]}
     for r in range(repeats):
@@ -109,6 +123,28 @@ def run(drafter: str | None, model: str | None = None, tokens: int = 96, repeats
             got[arm] = _rows(engine, mixed, [arms_mixed[arm]] * 4, tokens)
             results.setdefault(f"mixed_{arm}", []).append(got[arm])
         check(f"mixed batch repeat {r}", got, "ordinary")
+        if not arms_two:
+            continue
+        for i, p in enumerate(plain):
+            got = {}
+            for arm in (reversed(list(arms_two)) if flip else arms_two):
+                got[arm] = _rows(engine, [p], [arms_two[arm]], tokens)
+                results.setdefault(f"two_b1_{arm}", []).append(got[arm]["rows"][0])
+            check(f"two-model B=1 prompt {i} repeat {r}", got, "ordinary")
+        got = {}
+        for arm in (("draft_latency", *reversed(list(arms_two))) if flip else (*arms_two, "draft_latency")):
+            before = engine.draft.group.stats()
+            if arm == "draft_latency":
+                default, config.objective = config.objective, "latency"
+                got[arm] = _rows(engine, plain, [["draft"]] * 4, tokens)
+                config.objective = default
+            else:
+                got[arm] = _rows(engine, plain, [arms_two[arm]] * 4, tokens)
+            if arm != "ordinary":
+                after = engine.draft.group.stats()
+                draft_counts.setdefault(arm, []).append({k: after[k] - before[k] for k in _GROUP_COUNTS})
+            results.setdefault(f"two_b4_{arm}", []).append(got[arm])
+        check(f"two-model B=4 repeat {r}", got, "ordinary")
 
     engine.close()
     b4_rows = [row for res in results["b4_drafter"] for row in res["rows"]]
@@ -152,7 +188,33 @@ def run(drafter: str | None, model: str | None = None, tokens: int = 96, repeats
                                                      "agg_tps"),
             "echo_vs_ordinary": _summary(results["mixed_echo"], results["mixed_ordinary"], "agg_tps"),
         },
+        "two_model": _two_model(results, draft_model, draft_counts) if arms_two else None,
     }
+
+
+def _two_model(results: dict[str, list[Any]], spec: str | None,
+               counts: dict[str, list[dict[str, int]]]) -> dict[str, Any]:
+    """The two-model draft's section: speed against ordinary, acceptance, and how its
+    group shared the draft model's forwards at B=4 (summed over repeats), under the
+    server's throughput objective (a row drafts in a shared batch only where it pays:
+    few rows draft together) and the latency objective (every row drafts each round)."""
+    out: dict[str, Any] = {
+        "draft_model": spec,
+        "b1_vs_ordinary": _summary(results["two_b1_draft"], results["two_b1_ordinary"], "tps"),
+        "b1_draft": _method_stats(results["two_b1_draft"], "draft"),
+    }
+    for arm, label in (("draft", "b4"), ("draft_latency", "b4_latency_objective")):
+        shared = {k: sum(c[k] for c in counts[arm]) for k in _GROUP_COUNTS}
+        out[label] = {
+            "vs_ordinary": _summary(results[f"two_b4_{arm}"], results["two_b4_ordinary"], "agg_tps"),
+            "per_pair_ratios_wall": [round(a["agg_tps"] / b["agg_tps"], 3)
+                                     for a, b in zip(results[f"two_b4_{arm}"], results["two_b4_ordinary"])],
+            "draft": _method_stats([row for res in results[f"two_b4_{arm}"] for row in res["rows"]], "draft"),
+            "group_forwards": shared,
+            "row_forwards_per_group_forward": round(shared["row_forwards"] / shared["forwards"], 3)
+            if shared["forwards"] else None,
+        }
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,11 +222,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drafter", default=None, metavar="PATH",
                         help="drafter folder (default: the one shipped for the default model)")
     parser.add_argument("--model", default=None, metavar="PATH", help="target model (default: the embedded one)")
+    parser.add_argument("--draft-model", default=DEFAULT_DRAFT_MODEL, metavar="PATH|truncated:N|none",
+                        help=f"the two-model draft's model (default: {DEFAULT_DRAFT_MODEL}; none skips that part)")
     parser.add_argument("--tokens", type=int, default=96, help="tokens per row (default: 96)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=None, metavar="FILE", help="also write the JSON here")
     args = parser.parse_args(argv)
-    out = run(args.drafter, args.model, args.tokens, args.repeats)
+    spec = None if args.draft_model in ("none", "off", "") else args.draft_model
+    try:
+        out = run(args.drafter, args.model, args.tokens, args.repeats, spec)
+    except ValueError as exc:  # a bad truncated:N, a draft of another tokenizer family
+        print(f"jumpahead bench draft: cannot use draft model {args.draft_model}: {exc}", file=sys.stderr)
+        return 2
     if out["mismatches"]:
         print("jumpahead bench draft: " + "; ".join(out["mismatches"]), file=sys.stderr)
     return emit(out, args.out)  # exit 1, BENCH FAILED, where identical_outputs is false

@@ -550,6 +550,18 @@ def ensure_draft_model(
     return target
 
 
+def draft_model_folder(spec: str, progress: Callable[[str], None] = print) -> str:
+    """A `--draft-model` value as a folder: `truncated[:N]` builds (once) the default
+    model's first N blocks (default 4); anything else is a folder path as given.
+    ValueError names a bad N."""
+    if spec != "truncated" and not spec.startswith("truncated:"):
+        return spec
+    raw = spec.partition(":")[2] or "4"
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"truncated:N needs a positive number of layers, not {raw!r}")
+    return str(ensure_draft_model(int(raw), progress=progress))
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m jumpahead.engine.draft [--layers N]`: build the draft, print its path."""
     import argparse

@@ -130,7 +130,9 @@ BUILTIN: tuple[Method, ...] = (
            arms=(MethodArm("ngram", "prompt-lookup n-grams, verified"),)),
     Method("draft", "draft", True, "a draft model's tokens (engine/draft.py)", _draft, needs=_draft_needs),
     Method("drafter", "drafter", True, "a trained drafter head's tokens (engine/drafter.py)", _drafter,
-           needs=_drafter_needs),
+           needs=_drafter_needs,
+           arms=(MethodArm("drafter", "the trained drafter's tokens, verified (replay and live load the "
+                                      "drafter shipped for the default model)"),)),
     Method("mtp", "mtp", True, "the checkpoint's own multi-token-prediction layer (engine/mtp.py)", _mtp,
            needs=_mtp_needs),
     Method(STRICT, "strict", False, "template scaffold and grammar jump-forward (engine/strict.py); "

@@ -4,7 +4,8 @@ Names follow replay's arms (traces/arms.py): a method arm (`ordinary`, `strict`,
 `ngram`: the registered methods' arms, engine/methods.py) or a policy (`jump`, `early-jump`, `oracle-jump`, `mistaken-jump:rate=0.3`, `compaction`,
 `package.module:Class[:k=v,...]`), joined with "+" for combinations (`echo+jump`). One
 name is live only: `default`, the server's default methods (echo plus checked strict
-fill, what `jumpahead serve` runs when a request names none).
+fill, what `jumpahead serve` runs when a request names none); `default+drafter` adds a
+method to them (the request names the defaults and the method).
 
 Methods go in every request (`"jumpahead": {"methods": [...]}`, exactly the lists replay
 gives the engine; `none` keeps strict fill off) and the arm's server is started with
@@ -24,6 +25,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from jumpahead.engine.methods import OFF, SERVER_DEFAULT, STRICT
 from jumpahead.traces.arms import BASELINE, ArmError, parse_arm, split_arms
 
 DEFAULT = "default"
@@ -87,8 +89,13 @@ def parse_live_arm(name: str) -> LiveArm:
         policies.append(live)
         oracle = oracle or needs
     methods = None if default else arm.methods
-    if default and any(m not in ("none",) for m in arm.methods):
-        raise ArmError(f"arm {name!r}: '{DEFAULT}' already names the methods; combine it with policies only")
+    added = [m for m in arm.methods if m not in OFF]
+    if default and added:
+        # `default+drafter`: the server's default methods plus the arm's (strict fill stays on)
+        clash = [m for m in added if m in SERVER_DEFAULT or m == STRICT]
+        if clash:
+            raise ArmError(f"arm {name!r}: '{DEFAULT}' already runs {', '.join(clash)}")
+        methods = [*SERVER_DEFAULT, *added]
     return LiveArm(name, methods, policies, oracle)
 
 

@@ -72,3 +72,30 @@ def test_bench_proxy_reports_costs_and_affinity(tmp_path: Path) -> None:
     assert cache["affinity"]["hit_rate"] > 0.3, cache  # each turn adds ~1k new tokens of tool result
     assert cache["affinity"]["hit_rate"] > (cache["round-robin"]["hit_rate"] or 0), cache
     assert sorted(cache["affinity"]["requests_by_replica"]) == [0, 3], cache
+
+
+@pytest.mark.slow
+def test_bench_draft_times_the_grouped_two_model_draft(tmp_path: Path) -> None:
+    """`bench draft` in a new process, short: every arm's tokens equal ordinary decoding's
+    (the command checks them itself), and the two-model part reports its group sharing
+    draft forwards across the batch of 4 (fewer batched forwards than row forwards, where
+    every row drafts: the latency objective)."""
+    out = tmp_path / "draft.json"
+    proc = subprocess.run([sys.executable, "-m", "jumpahead.bench.draft", "--tokens", "16", "--repeats", "1",
+                           "--draft-model", "truncated:4", "--out", str(out)],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["identical_outputs"] is True and doc["mismatches"] == []
+    two = doc["two_model"]
+    assert two["draft_model"] == "truncated:4" and two["b1_draft"]["proposals"] > 0
+    # under the latency objective every row drafts each round: one forward serves several rows
+    shared = two["b4_latency_objective"]["group_forwards"]
+    assert 0 < shared["forwards"] < shared["row_forwards"]
+    assert two["b4_latency_objective"]["draft"]["proposals"] > 0
+
+
+def test_bench_draft_refuses_a_bad_draft_model_spec() -> None:
+    proc = subprocess.run([sys.executable, "-m", "jumpahead.bench.draft", "--draft-model", "truncated:x"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2 and "truncated:N needs a positive number" in proc.stderr

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from jumpahead.live.agent import ideal_calls
-from jumpahead.live.arms import parse_live_arms
+from jumpahead.live.arms import parse_live_arm, parse_live_arms
+from jumpahead.traces.arms import ArmError
 from jumpahead.live.oracle import render_call
 from jumpahead.live.summary import summarize, task_account, wilson
 from jumpahead.app.cli import main
@@ -224,6 +225,11 @@ def test_arms_map_to_servers_and_requests() -> None:
     assert arms["default+oracle-jump"].request_field() == {} and arms["default+oracle-jump"].oracle
     assert arms["mistaken-jump:rate=0.3,base=oracle"].policies == [
         "jumpahead.live.oracle:LiveMistakenJump:rate=0.3,base=oracle"]
+    # a method added to the server's defaults: the request names them all, strict fill stays on
+    drafted = parse_live_arm("default+drafter")
+    assert drafted.request_field() == {"methods": ["echo", "drafter"]} and drafted.serve_args() == ["--methods", "none"]
+    with pytest.raises(ArmError, match="already runs echo"):
+        parse_live_arm("default+echo")
     from jumpahead.live.oracle import LiveOracleJump
     from jumpahead.policies.registry import parse_spec
 

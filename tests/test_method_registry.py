@@ -32,7 +32,7 @@ def test_every_name_and_kind_comes_from_the_registry() -> None:
     for name in known():
         assert parse_methods(name) == (name,) and name in describe((name,))
     # every replay arm runs registered methods only (and `none`)
-    assert list(ARMS) == ["ordinary", "echo", "ngram", "strict", "strict-asserted"]
+    assert list(ARMS) == ["ordinary", "echo", "ngram", "drafter", "strict", "strict-asserted"]
     for arm, spec in ARMS.items():
         assert set(spec.methods) <= names | methods.OFF, arm
     assert ARMS["echo"].methods == ["echo", "none"] and ARMS["strict"].methods == ["strict"]

@@ -329,3 +329,29 @@ def test_live_replay_serves_the_recorded_turns(tmp_path):
         assert third.choices[0].message.content == "Done." and not third.choices[0].message.tool_calls
     finally:
         interrupt(proc, timeout=30)
+
+
+def test_drafter_arm_loads_the_shipped_drafter_and_emits_the_record(loaded_model):
+    """`drafter` is a method arm (engine/methods.py): its engine alone loads the drafter
+    shipped for the default model, drafts on the recorded turns and stays exact; the
+    ordinary arm's engine has no drafter."""
+    doc = replay([small_session()], ReplayOptions(parse_arms("drafter")), loaded_model)
+    assert doc["arms"] == ["ordinary", "drafter"]
+    turns = doc["sessions"][0]["turns"]
+    drafted = sum(t["arms"]["drafter"]["tokens_by_kind"].get("drafter", 0) for t in turns)
+    assert all(t["arms"][a]["identical"] for t in turns for a in ("ordinary", "drafter"))
+    assert drafted > 0  # the drafter's tokens were accepted somewhere in two tool-call turns
+    assert all("drafter" not in t["arms"]["ordinary"]["tokens_by_kind"] for t in turns)
+
+
+def test_drafter_arm_refuses_a_drafter_of_another_model(loaded_model, tmp_path):
+    from jumpahead.engine.drafter import DrafterError, default_drafter_path
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(default_drafter_path(), other)
+    meta = json.loads((other / "drafter.json").read_text())
+    meta["target"] = {**meta["target"], "vocab": 7}
+    (other / "drafter.json").write_text(json.dumps(meta))
+    with pytest.raises(DrafterError, match="another model"):
+        replay([small_session()], ReplayOptions(parse_arms("drafter"), drafter=str(other)), loaded_model)

@@ -72,6 +72,9 @@ class ReplayOptions:
     max_proposal: int = 16
     cost_aware: bool = True
     objective: str = "throughput"
+    # the drafter folder for arms that run method "drafter" (None: the one shipped for
+    # the default model); arms without it never load one
+    drafter: str | None = None
 
 
 @dataclass
@@ -404,12 +407,22 @@ class Replayer:
         for arm in self.options.arms:
             config = EngineConfig(max_batch=1, prefix_cache=True, prefix_cache_ssd=False,
                                   prefix_cache_ram_bytes=RAM_CACHE_BYTES, max_proposal=self.options.max_proposal,
-                                  cost_aware=self.options.cost_aware, objective=self.options.objective)
+                                  cost_aware=self.options.cost_aware, objective=self.options.objective,
+                                  drafter=self._drafter_for(arm))
             engine = ReplayEngine(self.model, self.tokenizer, self.info, config)
             if arm.spec.asserted_strict:
                 engine.strict.asserted = True
             self.engines[arm.name] = engine
             self.hooks[arm.name] = policy_hooks(arm, engine)
+
+    def _drafter_for(self, arm: Arm) -> str | None:
+        """The drafter an arm's engine loads: only arms that run method "drafter" pay
+        for one (a drafter that is not the model's raises DrafterError when loaded)."""
+        if "drafter" not in arm.spec.methods:
+            return None
+        from jumpahead.engine.drafter import default_drafter_path
+
+        return self.options.drafter or str(default_drafter_path())
 
     def close(self) -> None:
         for engine in self.engines.values():
