@@ -402,6 +402,8 @@ class Engine:
             out["methods"] = methods  # verified proposals per method: accepted lengths, propose time
         if self.draft is not None:  # the draft model's batched forwards (engine/draft.py DraftModelGroup)
             out["draft_model"] = self.draft.group.stats()
+        if self.mtp is not None:  # the MTP layer's batched forwards (engine/mtp_group.py MtpGroup)
+            out["mtp_group"] = self.mtp.group.stats()
         if self.prefix_cache is not None:
             out["prefix_cache"] = self.prefix_cache.stats()
         out["memory"] = self.memory()

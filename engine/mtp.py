@@ -161,10 +161,13 @@ class MtpHead(nn.Module):
         self.layers = [layer]
         self.norm = nn.RMSNorm(dim, eps=eps)
 
-    def __call__(self, hidden: mx.array, embeds: mx.array, cache: "MtpCache") -> mx.array:
-        """hidden, embeds [1, L, D] at positions cache.offset.. -> the MTP hidden [1, L, D]."""
+    def __call__(self, hidden: mx.array, embeds: mx.array, cache: Any, mask: Any = "causal") -> mx.array:
+        """hidden, embeds [B, L, D] at positions cache.offset.. -> the MTP hidden [B, L, D]
+        (`mask`: a batched group's per-row mask, engine/mtp_group.py; else causal)."""
         x = self.fc(mx.concatenate([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)], axis=-1))
-        x = self.layers[0](x, mask="causal" if x.shape[1] > 1 else None, cache=cache)
+        if isinstance(mask, str) and x.shape[1] == 1:
+            mask = None
+        x = self.layers[0](x, mask=mask, cache=cache)
         return self.norm(x)
 
     @classmethod
@@ -222,16 +225,30 @@ class MtpCache:
 
 
 class Mtp:
-    """The engine's MTP: the layer, the target's embedding and head; one proposer per row."""
+    """The engine's MTP: the layer, the target's embedding and head; one proposer per
+    row, all drafting in one batched group (engine/mtp_group.py). `draft` and
+    MtpProposer are the per-row path: the group's oracle in the tests."""
 
     def __init__(self, head: MtpHead, embed: nn.Module, lm_head: Any) -> None:
         self.head = head
         self.embed = embed
         self.lm_head = lm_head
-        self.drafts = 0  # MTP forwards run (tests)
+        self.drafts = 0  # per-row MTP forwards run (tests)
+        self._group: Any = None
+
+    @property
+    def group(self) -> Any:
+        """The MtpGroup every row's grouped proposer drafts in (made on first use)."""
+        if self._group is None:
+            from .mtp_group import MtpGroup
+
+            self._group = MtpGroup(self)
+        return self._group
 
     def proposer(self) -> "MtpProposer":
-        return MtpProposer(self)
+        from .mtp_group import GroupedMtpProposer
+
+        return GroupedMtpProposer(self.group)
 
     def draft(self, cache: MtpCache, hidden: mx.array, tokens: list[int], k: int) -> list[int]:
         """Write the entries for the target's hidden states [m, D] at cache.offset.. with
@@ -272,20 +289,30 @@ class MtpProposer(AdaptiveLength):
             mx.eval(joined)
             self.pending = [(first, joined)]
 
-    def propose(self, view: RowView, max_len: int) -> Proposal | None:
-        if self.resting():
-            return None
-        k = min(self.k, max_len)
+    def take(self, view: RowView) -> tuple[int, mx.array, list[int]] | None:
+        """The target's states not yet written, consumed: (their first position, [m, D]
+        up to the pending token's predecessor, the token after each); None while the
+        states up to the pending token are not all here."""
         n = len(view.tokens) - 1  # the pending token's position
-        if k <= 0 or n < view.prompt_len or not self.pending:
+        if n < view.prompt_len or not self.pending:
             return None
         first = self.pending[0][0]
         hidden = mx.concatenate([h for _, h in self.pending], axis=0) if len(self.pending) > 1 else self.pending[0][1]
         if first + hidden.shape[0] != n:
-            return None  # the states up to the pending token are not all here yet
+            return None
+        self.pending = []
+        return first, hidden, list(view.tokens[first + 1: n + 1])
+
+    def propose(self, view: RowView, max_len: int) -> Proposal | None:
+        if self.resting():
+            return None
+        k = min(self.k, max_len)
+        taken = self.take(view) if k > 0 else None
+        if taken is None:
+            return None
+        first, hidden, tokens = taken
         if self.cache is None or first < self.cache.start or first > self.cache.offset:
             self.cache = MtpCache(first)  # (a gap: the MTP context restarts at the states it has)
         else:
             self.cache.trim_to(first)  # drop the last draft's speculative entries
-        self.pending = []
-        return Proposal(self.mtp.draft(self.cache, hidden, list(view.tokens[first + 1: n + 1]), k), "mtp")
+        return Proposal(self.mtp.draft(self.cache, hidden, tokens, k), "mtp")
