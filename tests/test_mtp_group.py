@@ -153,3 +153,34 @@ def test_one_chain_forward_per_step_for_all_rows(served):
     print(f"\nMTP forwards, 4 rows x 32 tokens: grouped {batched} ({d['catch_ups']} catch-ups, "
           f"{d['forwards'] - d['catch_ups']} chain steps, {d['join_forwards']} joins) vs per-row {per_row}; "
           f"{d['chains']} chains, {d['rows_drafted']} row drafts")
+
+
+def test_prompt_cache_hit_rows_draft_at_their_absolute_positions(folders, tmp_path):  # noqa: F811
+    """A warm turn's row joins the group at the first position the target runs (base >
+    0): its rope reads absolute positions, so its drafts equal the per-row path's."""
+    from jumpahead.engine.engine import Engine, EngineConfig
+    from jumpahead.engine.loader import load_model
+    from tests.serving import frozen_width_policy
+
+    model, tok, info = load_model(str(folders("qwen3_next", True)), progress=lambda s: None)
+    eng = Engine(model, tok, info, EngineConfig(max_batch=2, mtp="auto", objective="latency", warm_up=False,
+                                                prefix_cache_ssd=False, prefix_cache_dir=str(tmp_path)))
+    eng.scheduler.width_policy = frozen_width_policy()
+    try:
+        first = chat_prompt(tok, TEXTS[0])
+        answer = run_rows(eng, [GenerationRequest(prompt=first, max_tokens=8, methods=["none"])])[0]["tokens"]
+        eng.flush_prefix_cache()
+        second = first + answer + chat_prompt(tok, TEXTS[1])
+        plain = run_rows(eng, [GenerationRequest(prompt=second, max_tokens=24, methods=["none"])])[0]
+        shadow = Shadowed(eng.mtp.group)
+        drafted = run_rows(eng, [GenerationRequest(prompt=second, max_tokens=24, methods=["none"],
+                                                   proposers=[shadow])])[0]
+        assert drafted["tokens"] == plain["tokens"]
+        for _ in range(200):
+            if shadow.entries is not None:
+                break
+            time.sleep(0.01)
+        assert 0 < shadow.entries[0] < len(second), "the second turn did not hit the cache"
+        assert shadow.pairs and all(g == a for g, a in shadow.pairs)
+    finally:
+        eng.close()
