@@ -9,11 +9,26 @@ calls, `answer`: a final answer) used by the tests and by the synthetic trajecto
 Single-step kinds need one tool call; `copy_function` needs a read first (2 calls);
 multi-step kinds chain two calls. `split_seeds("train"|"heldout", n)` gives disjoint
 seed ranges: training data never sees a held-out task.
+
+Long kinds (`LONG_KINDS`, 10-30 ideal calls over a small Python project): `add_feature`
+(add a function to one module, register it in another, add a test, note it in the
+changelog and README, run the tests) and `rename_symbol` (rename a function used across
+4-8 files, then check with grep and by running the program). `make_task(seed)` cycles
+only the short `KINDS`; a long kind is made when named. Their content is split too, not
+only their seeds: a seed of the held-out range draws its package, module and function
+names from `VOCAB["heldout"]`, a vocabulary that shares no word with `VOCAB["train"]`,
+so no identifier of a held-out long task occurs in a training one. Their checks judge
+the workspace by running the project (the tests, the registry, the program) in a
+subprocess with a timeout, and by comparing files.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import re
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +37,8 @@ KINDS: tuple[str, ...] = (
     "create_file", "append_line", "replace_line", "fix_typo", "copy_function", "run_command",
     "read_then_edit", "create_two_files",
 )
+LONG_KINDS: tuple[str, ...] = ("add_feature", "rename_symbol")
+ALL_KINDS: tuple[str, ...] = KINDS + LONG_KINDS
 SINGLE_STEP: tuple[str, ...] = ("create_file", "append_line", "replace_line", "fix_typo", "run_command")
 
 _SPLITS = {"train": 0, "heldout": 1_000_000}  # disjoint ranges of 1e6 seeds each
@@ -50,6 +67,7 @@ class Task:
     files: dict[str, str] = field(default_factory=dict)  # the workspace at the start
     ideal: list[tuple[str, dict]] = field(default_factory=list)  # (tool name, arguments) in order
     answer: str = ""  # an ideal final answer
+    names: tuple[str, ...] = ()  # long kinds: the identifiers drawn from the split's vocabulary
     _check: Callable[[Path, str], bool] | None = field(default=None, repr=False)
 
     def setup(self, workspace: Path) -> None:
@@ -66,7 +84,7 @@ class Task:
             return False
         try:
             return bool(self._check(Path(workspace), final_answer or ""))
-        except (OSError, UnicodeError, ValueError):
+        except (OSError, UnicodeError, ValueError, subprocess.SubprocessError):
             return False
 
 
@@ -80,14 +98,22 @@ def split_seeds(split: str, n: int) -> list[int]:
     return list(range(base, base + n))
 
 
+def split_of(seed: int) -> str:
+    """The split whose seed range holds `seed` (seeds below it count as train)."""
+    return "heldout" if seed >= _SPLITS["heldout"] else "train"
+
+
 def make_task(seed: int, kind: str | None = None) -> Task:
-    """The task of `seed` (its kind cycles through KINDS unless given)."""
+    """The task of `seed` (its kind cycles through the short KINDS unless given)."""
     if kind is None:
         kind = KINDS[seed % len(KINDS)]
-    if kind not in _MAKERS:
-        raise ValueError(f"unknown task kind {kind!r}: expected one of {', '.join(KINDS)}")
     rng = random.Random(f"jumpahead-live:{kind}:{seed}")
-    task = _MAKERS[kind](rng)
+    if kind in _MAKERS:
+        task = _MAKERS[kind](rng)
+    elif kind in _LONG_MAKERS:
+        task = _LONG_MAKERS[kind](rng, VOCAB[split_of(seed)])
+    else:
+        raise ValueError(f"unknown task kind {kind!r}: expected one of {', '.join(ALL_KINDS)}")
     task.seed, task.kind = seed, kind
     return task
 
@@ -294,3 +320,200 @@ _MAKERS: dict[str, Callable[[random.Random], Task]] = {
     "create_two_files": _create_two_files,
 }
 assert set(_MAKERS) == set(KINDS)
+
+
+# --- long kinds -------------------------------------------------------------------------
+
+# Each split's words for package, module and function names; the two share no word.
+VOCAB: dict[str, dict[str, tuple[str, ...]]] = {
+    "train": {
+        "packages": ("shopkit", "cartlib", "ledgerly", "stockpy", "tillbox", "orderly", "pricepy", "vendkit"),
+        "verbs": ("scale", "shift", "clamp", "round", "blend", "trim", "bump", "weigh"),
+        "nouns": ("price", "order", "basket", "parcel", "coupon", "refund", "margin", "stock", "receipt",
+                  "shelf", "bundle", "tariff"),
+    },
+    "heldout": {
+        "packages": ("astrokit", "fieldlab", "sporely", "wavepy", "geolith", "tidebox", "orbitly", "fernkit"),
+        "verbs": ("boost", "damp", "fold", "skew", "tilt", "pivot", "drift", "warp"),
+        "nouns": ("voltage", "glyph", "orbit", "pollen", "quartz", "sonar", "comet", "lichen", "magma",
+                  "nebula", "tremor", "plankton"),
+    },
+}
+CHECK_TIMEOUT_S = 20.0
+TEST_COMMAND = "python3 -m unittest discover -s tests"
+
+
+def _distinct(rng: random.Random, make: Callable[[], str], n: int, avoid: tuple[str, ...] = ()) -> list[str]:
+    out: list[str] = []
+    while len(out) < n:
+        name = make()
+        if name not in out and not any(name in a or a in name for a in (*avoid, *out)):
+            out.append(name)
+    return out
+
+
+def _verb_noun(rng: random.Random, vocab: dict[str, tuple[str, ...]]) -> Callable[[], str]:
+    return lambda: f"{rng.choice(vocab['verbs'])}_{rng.choice(vocab['nouns'])}"
+
+
+def _arith(rng: random.Random) -> tuple[str, Callable[[int], int]]:
+    """A body `return ...` of x and the function it computes."""
+    k, c = rng.randint(2, 9), rng.randint(1, 20)
+    form = rng.randrange(3)
+    if form == 0:
+        return f"x * {k} + {c}", lambda x: x * k + c
+    if form == 1:
+        return f"x - {c}", lambda x: x - c
+    return f"(x + {c}) // {k}", lambda x: (x + c) // k
+
+
+def _run_python(ws: Path, argv: list[str]) -> subprocess.CompletedProcess:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(ws), "LANG": "C.UTF-8",
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run([sys.executable, *argv], cwd=ws, env=env, capture_output=True, text=True,
+                          timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL)
+
+
+def _add_feature(rng: random.Random, vocab: dict[str, tuple[str, ...]]) -> Task:
+    pkg = rng.choice(vocab["packages"])
+    mod = rng.choice(vocab["nouns"])
+    names = _distinct(rng, _verb_noun(rng, vocab), rng.randint(3, 5), avoid=(pkg, mod))
+    *old, new = names
+    bodies = [_arith(rng) for _ in names]
+    docs = {n: f"{n.split('_')[0].capitalize()} a {n.split('_')[1]} value." for n in names}
+
+    def fn(name: str, body: str) -> str:
+        return f'def {name}(x):\n    """{docs[name]}"""\n    return {body}\n'
+
+    funcs = [fn(n, b) for n, (b, _) in zip(old, bodies)]
+    new_fn = fn(new, bodies[-1][0])
+    probe = rng.randint(2, 30)
+    want = bodies[-1][1](probe)
+    imports = ", ".join(old)
+    registry = (f'"""Every operation of {pkg} by name."""\n\nfrom .{mod} import {imports}\n\nOPERATIONS = {{\n'
+                + "".join(f'    "{n}": {n},\n' for n in old)
+                + '}\n\n\ndef apply(name, x):\n    """Run the operation `name` on x."""\n    return OPERATIONS[name](x)\n')
+    tests = (f"import unittest\n\nfrom {pkg}.{mod} import {imports}\n\n\nclass Test{mod.capitalize()}(unittest.TestCase):\n"
+             + "\n".join(f"    def test_{n}(self):\n        self.assertEqual({n}({probe}), {b[1](probe)})\n"
+                         for n, b in zip(old, bodies))
+             + '\n\nif __name__ == "__main__":\n    unittest.main()\n')
+    readme = (f"# {pkg}\n\nSmall helpers for {mod} values.\n\n## Operations\n\n"
+              + "".join(f"- `{n}`: {docs[n]}\n" for n in old)
+              + f"\n## Tests\n\n```\n{TEST_COMMAND}\n```\n")
+    changelog = f"# Changelog\n\n## Unreleased\n\n- Added `{old[-1]}`.\n\n## 0.1.0\n\n- First release.\n"
+    files = {"README.md": readme, "CHANGELOG.md": changelog, f"{pkg}/__init__.py": f'"""{pkg}."""\n',
+             f"{pkg}/{mod}.py": "\n\n".join(funcs), f"{pkg}/registry.py": registry,
+             f"tests/test_{mod}.py": tests}
+    new_test = (f"import unittest\n\nfrom {pkg}.registry import apply\nfrom {pkg}.{mod} import {new}\n\n\n"
+                f"class Test{''.join(w.capitalize() for w in new.split('_'))}(unittest.TestCase):\n"
+                f"    def test_{new}(self):\n        self.assertEqual({new}({probe}), {want})\n\n"
+                f"    def test_registered(self):\n        self.assertEqual(apply(\"{new}\", {probe}), {want})\n"
+                '\n\nif __name__ == "__main__":\n    unittest.main()\n')
+    last_doc = f"- `{old[-1]}`: {docs[old[-1]]}\n"
+    body_text = bodies[-1][0]
+    prompt = (f"In the {pkg} package, add a function `{new}(x)` to {pkg}/{mod}.py that returns `{body_text}` "
+              f"(docstring: \"{docs[new]}\"). Register it in {pkg}/registry.py (import it and add it to "
+              f"OPERATIONS), add a test file tests/test_{new}.py that checks {new}({probe}) == {want} directly "
+              f"and through the registry, add `- Added `{new}`.` under Unreleased in CHANGELOG.md, list it "
+              f"under Operations in README.md, then run the tests with `{TEST_COMMAND}` and tell me the result.")
+    ideal = [
+        ("bash", {"command": "find . -type f | sort"}),
+        ("read_file", {"path": "README.md"}),
+        ("read_file", {"path": f"{pkg}/{mod}.py"}),
+        ("read_file", {"path": f"{pkg}/registry.py"}),
+        ("read_file", {"path": f"tests/test_{mod}.py"}),
+        ("read_file", {"path": "CHANGELOG.md"}),
+        ("edit_file", {"path": f"{pkg}/{mod}.py", "old": funcs[-1], "new": f"{funcs[-1]}\n\n{new_fn}"}),
+        ("edit_file", {"path": f"{pkg}/registry.py", "old": f"from .{mod} import {imports}\n",
+                       "new": f"from .{mod} import {imports}, {new}\n"}),
+        ("edit_file", {"path": f"{pkg}/registry.py", "old": f'    "{old[-1]}": {old[-1]},\n}}',
+                       "new": f'    "{old[-1]}": {old[-1]},\n    "{new}": {new},\n}}'}),
+        ("write_file", {"path": f"tests/test_{new}.py", "content": new_test}),
+        ("edit_file", {"path": "CHANGELOG.md", "old": "## Unreleased\n\n",
+                       "new": f"## Unreleased\n\n- Added `{new}`.\n"}),
+        ("edit_file", {"path": "README.md", "old": last_doc, "new": f"{last_doc}- `{new}`: {docs[new]}\n"}),
+        ("bash", {"command": TEST_COMMAND}),
+        ("bash", {"command": f"python3 -c \"from {pkg}.registry import apply; print(apply('{new}', {probe}))\""}),
+    ]
+    n_tests = len(old) + 2
+    answer = (f"Added `{new}` to {pkg}/{mod}.py, registered it in {pkg}/registry.py, added tests/test_{new}.py, "
+              f"and noted it in CHANGELOG.md and README.md. `{TEST_COMMAND}` ran {n_tests} tests: OK, all pass.")
+    expect = {n: [f(x) for x in (0, 1, probe, 97)] for n, (_, f) in zip(names, bodies)}
+    script = (f"from {pkg}.registry import OPERATIONS\nfrom {pkg} import {mod}\n"
+              f"want = {expect!r}\n"
+              "for name, values in want.items():\n"
+              "    assert [OPERATIONS[name](x) for x in (0, 1, %d, 97)] == values, name\n"
+              "    assert getattr(%s, name) is OPERATIONS[name], name\n" % (probe, mod))
+
+    def check(ws: Path, answer_text: str) -> bool:
+        test = _read(ws, f"tests/test_{new}.py")
+        log, readme_now = _read(ws, "CHANGELOG.md") or "", _read(ws, "README.md") or ""
+        if test is None or new not in test or f"`{new}`" not in log.split("## 0.1.0")[0]:
+            return False
+        if f"`{new}`" not in readme_now or not all(_read(ws, p) is not None for p in files):
+            return False
+        if _run_python(ws, ["-c", script]).returncode != 0:
+            return False
+        run = _run_python(ws, ["-m", "unittest", "discover", "-s", "tests"])
+        ran = re.search(r"Ran (\d+) test", run.stderr)
+        reported = re.search(r"\b(ok|pass|passed|passes)\b", answer_text.lower())
+        return run.returncode == 0 and bool(ran) and int(ran.group(1)) >= n_tests and bool(reported)
+
+    task = _task(prompt, len(ideal), files, ideal, answer, check)
+    task.names = (pkg, mod, *names)
+    return task
+
+
+def _rename_symbol(rng: random.Random, vocab: dict[str, tuple[str, ...]]) -> Task:
+    pkg = rng.choice(vocab["packages"])
+    n_users = rng.randint(2, 6)
+    mods = _distinct(rng, lambda: rng.choice(vocab["nouns"]), n_users + 1, avoid=(pkg,))
+    core, users = mods[0], mods[1:]
+    fnames = _distinct(rng, _verb_noun(rng, vocab), n_users + 3, avoid=(pkg, *mods))
+    old, new, helper, user_fns = fnames[0], fnames[1], fnames[2], fnames[3:]
+    body, _ = _arith(rng)
+    files = {f"{pkg}/__init__.py": f'"""{pkg}."""\n',
+             f"{pkg}/{core}.py": (f'def {old}(x):\n    """The {core} value of x."""\n    return {body}\n\n\n'
+                                  f'def {helper}(x):\n    """Twice the {core} value."""\n    return {old}(x) * 2\n')}
+    for mod, fn in zip(users, user_fns):
+        k = rng.randint(1, 9)
+        files[f"{pkg}/{mod}.py"] = (f"from .{core} import {old}\n\n\ndef {fn}(x):\n"
+                                    f'    """The {mod} figure."""\n    return {old}(x) + {k}\n')
+    main_imports = "".join(f"from {pkg}.{m} import {f}\n" for m, f in zip(users, user_fns))
+    calls = ", ".join(f"{f}({i + 2})" for i, f in enumerate(user_fns))
+    files["main.py"] = (f"from {pkg}.{core} import {old}, {helper}\n{main_imports}\n"
+                        f"print({old}(1), {helper}(1))\nprint({calls})\n")
+    word = re.compile(rf"\b{old}\b")
+    expected = {rel: word.sub(new, text) for rel, text in files.items()}
+    users_paths = [rel for rel, text in files.items() if word.search(text)]
+    ideal: list[tuple[str, dict]] = [("bash", {"command": f"grep -rn {old} ."})]
+    for rel in users_paths:
+        ideal.append(("read_file", {"path": rel}))
+        for line in files[rel].split("\n"):
+            if word.search(line):
+                ideal.append(("edit_file", {"path": rel, "old": line, "new": word.sub(new, line)}))
+    ideal += [("bash", {"command": f"grep -rn {old} . || echo 'no {old} left'"}),
+              ("bash", {"command": "python3 main.py"})]
+    prompt = (f"Rename the function `{old}` to `{new}` everywhere in this project: its definition in "
+              f"{pkg}/{core}.py and every import and call of it. Then check that no `{old}` remains and that "
+              f"`python3 main.py` still runs.")
+    answer = (f"Renamed `{old}` to `{new}` in {len(users_paths)} files ({', '.join(users_paths)}); grep finds "
+              f"no `{old}` and `python3 main.py` runs.")
+
+    def check(ws: Path, _a: str) -> bool:
+        if not all(_same_text(_read(ws, rel), text) for rel, text in expected.items()):
+            return False
+        if any(word.search(p.read_text(errors="replace")) for p in ws.rglob("*.py") if p.is_file()):
+            return False
+        return _run_python(ws, ["main.py"]).returncode == 0
+
+    task = _task(prompt, len(ideal), files, ideal, answer, check)
+    task.names = (pkg, *mods, *fnames)
+    return task
+
+
+_LONG_MAKERS: dict[str, Callable[[random.Random, dict[str, tuple[str, ...]]], Task]] = {
+    "add_feature": _add_feature,
+    "rename_symbol": _rename_symbol,
+}
+assert set(_LONG_MAKERS) == set(LONG_KINDS)
