@@ -76,6 +76,19 @@ CONFIGS: dict[str, dict] = {
 }
 
 FAMILIES = list(CONFIGS)
+# Families built only for the tests of their MTP layer (not in FAMILIES' every-family tests)
+MTP_ONLY_CONFIGS: dict[str, dict] = {
+    "glm4_moe": {**_BASE, "model_type": "glm4_moe", "num_hidden_layers": 2, "moe_intermediate_size": 32,
+                 "n_shared_experts": 1, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 1,
+                 "topk_group": 1, "first_k_dense_replace": 1, "norm_topk_prob": True, "routed_scaling_factor": 1.0,
+                 "rope_scaling": None, "use_qk_norm": True, "attention_bias": True, "partial_rotary_factor": 0.5},
+    # GLM-4.7-Flash: DeepSeek-V3's MLA and MoE under its own model type
+    "glm4_moe_lite": {**_BASE, "model_type": "glm4_moe_lite", "num_hidden_layers": 2, "num_key_value_heads": 4,
+                      "moe_intermediate_size": 32, "n_shared_experts": 1, "n_routed_experts": 4,
+                      "num_experts_per_tok": 2, "kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 8,
+                      "v_head_dim": 16, "qk_nope_head_dim": 16, "first_k_dense_replace": 1, "n_group": 1,
+                      "topk_group": 1},
+}
 WEIGHT_SCALE = 3.0
 
 
@@ -92,7 +105,7 @@ KV_SIZE = {"head_dim": 64, "query_pre_attn_scalar": 64, "global_head_dim": 128, 
 
 
 def family_config(family: str, size: str = "tiny") -> dict:
-    config = json.loads(json.dumps(CONFIGS[family]))
+    config = json.loads(json.dumps({**CONFIGS, **MTP_ONLY_CONFIGS}[family]))
     if size == "bench":
         target = config.get("text_config", config)
         for k, v in BENCH_SIZE.items():
@@ -221,6 +234,72 @@ def build_hf_with_mtp(family: str, root: Path, tokenizer_dir: Path, seed: int = 
         mtp["fc.weight"] = mx.concatenate([mx.eye(dim), mx.zeros((dim, dim))], axis=1)  # [embedding, hidden]
     weights.update({f"mtp.{k}": v for k, v in mtp.items()})
     weights = _to_hf(weights, nested="text_config" in config)
+    mx.eval(weights)
+    return _write_folder(out, weights, config, tokenizer_dir)
+
+
+# DeepSeek-V3-layout MTP (engine/mtp_nextn.py): the MTP layer is model.layers.{N}.*
+NEXTN_FAMILIES = ("deepseek_v3", "glm4_moe", "glm4_moe_lite")
+_NEXTN_OUTPUTS = ("o_proj.weight", "down_proj.weight")
+
+
+def _nextn_to_hf(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """mlx-lm's deepseek_v3 / glm4_moe sanitize undone: per-expert tensors, MLA's
+    embed_q / unembed_out joined back into kv_b_proj."""
+    out: dict[str, mx.array] = {}
+    for name, v in weights.items():
+        if ".switch_mlp." in name:
+            for e in range(v.shape[0]):
+                out[name.replace(".switch_mlp.", f".experts.{e}.")] = v[e]
+        elif name.endswith("self_attn.embed_q.weight"):
+            wv = weights[name.replace("embed_q", "unembed_out")]
+            kv = mx.concatenate([v.swapaxes(-1, -2), wv], axis=1)  # [H, nope + v, R]
+            out[name.replace("embed_q", "kv_b_proj")] = kv.reshape(-1, kv.shape[-1])
+        elif not name.endswith("self_attn.unembed_out.weight"):
+            out[name] = v
+    return out
+
+
+def build_hf_with_nextn(family: str, root: Path, tokenizer_dir: Path, seed: int = 0,
+                        predictable: bool = False) -> Path:
+    """A Hugging Face format folder of `family`'s random model with its MTP layer as
+    DeepSeek-V3 and GLM-4.5 publish it: model.layers.{N}.{enorm, hnorm, eh_proj,
+    shared_head.norm, shared_head.head, embed_tokens} beside the layer's own attention
+    and MoE weights (per-expert tensors, MLA's kv_b_proj), num_nextn_predict_layers 1.
+
+    `predictable`: as build_hf_with_mtp (a nearly-bigram trunk; eh_proj passes the
+    embedding half through, the layer adds nothing, shared_head is the target's final
+    norm and head), so the MTP layer drafts what the target will pick."""
+    from mlx_lm.utils import _get_classes
+
+    from jumpahead.engine.mtp_nextn import NextnHead
+
+    if family not in NEXTN_FAMILIES:
+        raise ValueError(f"{family} has no model.layers.N MTP layout here (known: {', '.join(NEXTN_FAMILIES)})")
+    out = Path(root) / f"{family}-hf-nextn{'-predictable' if predictable else ''}"
+    if (out / "model.safetensors").exists():
+        return out
+    config = {**family_config(family), "num_nextn_predict_layers": 1}
+    model_class, args_class = _get_classes(config)
+    mx.random.seed(seed)
+    model = model_class(args_class.from_dict(config))
+    head = NextnHead(type(model.model.layers[0]), model.args)
+    scale = lambda p: p * WEIGHT_SCALE if mx.issubdtype(p.dtype, mx.floating) and p.ndim >= 2 else p  # noqa: E731
+    model.update(tree_map(scale, model.parameters()))
+    head.update(tree_map(scale, head.parameters()))
+    weights = dict(tree_flatten(model.parameters()))
+    mtp = dict(tree_flatten(head.parameters()))
+    if predictable:
+        weights = {k: v * PREDICTABLE_SCALE if k.endswith(_NEXTN_OUTPUTS) else v for k, v in weights.items()}
+        dim = config["hidden_size"]
+        mtp = {k: mx.zeros_like(v) if k.endswith(_NEXTN_OUTPUTS) else v for k, v in mtp.items()}
+        mtp["eh_proj.weight"] = mx.concatenate([mx.eye(dim), mx.zeros((dim, dim))], axis=1)  # [embedding, hidden]
+        mtp["shared_head.head.weight"] = weights["lm_head.weight"]
+        mtp["shared_head.norm.weight"] = weights["model.norm.weight"]
+    layer = f"model.layers.{config['num_hidden_layers']}."
+    weights.update({layer + k.removeprefix("layers.0."): v for k, v in mtp.items()})
+    weights[layer + "embed_tokens.weight"] = weights["model.embed_tokens.weight"]
+    weights = _nextn_to_hf(weights)
     mx.eval(weights)
     return _write_folder(out, weights, config, tokenizer_dir)
 

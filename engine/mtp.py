@@ -39,7 +39,7 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import mlx.core as mx  # the jumpahead.engine package has loaded OpenBLAS by now
 import mlx.nn as nn
@@ -187,17 +187,27 @@ class MtpHead(nn.Module):
                            "mlx_lm.convert drops them)")
         raw, hf = found
         head = cls.for_model(model)
-        weights = _module_weights(raw, shift=hf)
-        dtype = model.model.embed_tokens.weight.dtype
-        if not mx.issubdtype(dtype, mx.floating):  # a quantized target: the MTP layer stays as stored
-            dtype = None
-        try:
-            head.load_weights([(k, v.astype(dtype) if dtype is not None and mx.issubdtype(v.dtype, mx.floating)
-                                else v) for k, v in weights.items()], strict=True)
-        except ValueError as exc:
-            raise MtpError(f"{folder}: the mtp.* weights do not fit this model's MTP layer ({exc})") from None
-        mx.eval(head.parameters())
+        install_weights(head, _module_weights(raw, shift=hf), model, folder)
         return head
+
+    def logits_fn(self, target_head: Callable[[mx.array], mx.array]) -> Callable[[mx.array], mx.array]:
+        """Qwen's MTP layer has no head of its own: the target's."""
+        return target_head
+
+    array_mask = False  # the layer takes mlx-lm's "causal" mask (MLA layers do not: mtp_nextn.py)
+
+
+def install_weights(head: nn.Module, weights: dict[str, mx.array], model: nn.Module, folder: str | Path) -> None:
+    """Load an MTP head's weights (strictly) in the target's float dtype."""
+    dtype = model.model.embed_tokens.weight.dtype
+    if not mx.issubdtype(dtype, mx.floating):  # a quantized target: the MTP layer stays as stored
+        dtype = None
+    try:
+        head.load_weights([(k, v.astype(dtype) if dtype is not None and mx.issubdtype(v.dtype, mx.floating)
+                            else v) for k, v in weights.items()], strict=True)
+    except ValueError as exc:
+        raise MtpError(f"{folder}: the MTP weights do not fit this model's MTP layer ({exc})") from None
+    mx.eval(head.parameters())
 
 
 class MtpCache:
@@ -216,6 +226,11 @@ class MtpCache:
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         return self.kv.update_and_fetch(keys, values)
 
+    def causal(self, length: int) -> mx.array:
+        """The causal mask [length, cached + length] of the next forward (MLA layers)."""
+        cols = mx.arange(self.kv.offset + length)[None, :]
+        return cols <= mx.arange(length)[:, None] + self.kv.offset
+
     def trim_to(self, position: int) -> None:
         """Keep the entries before `position`."""
         self.kv.trim(max(0, self.offset - max(position, self.start)))
@@ -229,10 +244,10 @@ class Mtp:
     row, all drafting in one batched group (engine/mtp_group.py). `draft` and
     MtpProposer are the per-row path: the group's oracle in the tests."""
 
-    def __init__(self, head: MtpHead, embed: nn.Module, lm_head: Any) -> None:
-        self.head = head
+    def __init__(self, head: nn.Module, embed: nn.Module, lm_head: Any) -> None:
+        self.head = head  # MtpHead, or mtp_nextn.NextnHead
         self.embed = embed
-        self.lm_head = lm_head
+        self.lm_head = head.logits_fn(lm_head)
         self.drafts = 0  # per-row MTP forwards run (tests)
         self._group: Any = None
 

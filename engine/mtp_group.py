@@ -180,7 +180,8 @@ class MtpGroup:
         """Write a new row's states alone in a one-row cache and add it to the batch."""
         one = RowKVCache(1)
         one.ends = [0]
-        g = self._forward(one, [first], hidden[None], mx.array([tokens], dtype=mx.int32), explicit=False)
+        g = self._forward(one, [first], hidden[None], mx.array([tokens], dtype=mx.int32),
+                          explicit=self.mtp.head.array_mask)
         one.advance([len(tokens)])
         mx.eval(g, *one.arrays())
         self.cache.append_rows(one)
