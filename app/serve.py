@@ -52,11 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default) loads the one shipped for the default model when that model is served, "
                              "'none' loads none")
     parser.add_argument("--mtp", default="auto", metavar="auto|none|PATH",
-                        help="the checkpoint's multi-token-prediction layer for method 'mtp' (qwen3_next / "
-                             "qwen3_5 Hugging Face folders keep it under mtp.*): 'auto' (default) loads the served "
-                             "folder's own and drafts with it for requests that name no methods unless --methods "
-                             "is given; PATH reads mtp.* from that folder (the original checkpoint of a converted "
-                             "model); 'none' loads none")
+                        help="the checkpoint's multi-token-prediction layer for method 'mtp' (Hugging Face folders "
+                             "keep it: qwen3_next / qwen3_5 under mtp.*, deepseek_v3 / glm4_moe / glm4_moe_lite as "
+                             "model.layers.N): 'auto' (default) loads the served folder's own and drafts with it for "
+                             "requests that name no methods unless --methods is given; PATH reads it from that "
+                             "folder (the original checkpoint of a converted model); 'none' loads none")
     parser.add_argument("--max-proposal", type=_positive, default=16, metavar="K",
                         help="most verified proposal tokens a row carries into one round (default: 16)")
     parser.add_argument("--no-cost-aware", action="store_true",

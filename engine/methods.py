@@ -118,8 +118,8 @@ def _mtp(engine: Any, req: "GenerationRequest") -> "Proposer":
 
 def _mtp_needs(engine: Any) -> str | None:
     if getattr(engine, "mtp", None) is None:
-        return ("method 'mtp' needs a checkpoint with mtp.* weights (a Hugging Face format qwen3_next / "
-                "qwen3_5 folder; serve --mtp auto|PATH)")
+        return ("method 'mtp' needs a checkpoint with an MTP layer (a Hugging Face format qwen3_next / "
+                "qwen3_5 / deepseek_v3 / glm4_moe / glm4_moe_lite folder; serve --mtp auto|PATH)")
     return None
 
 
