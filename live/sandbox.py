@@ -4,7 +4,9 @@
 format, Hermes `<tool_call>` for the default model). `run_tool(workspace, name,
 arguments)` runs one call and returns the tool-result text; it never raises: a bad
 call (unknown tool, missing argument, a path outside the workspace, text not found)
-comes back as an `Error: ...` string the model reads and can recover from.
+comes back as an `Error: ...` string the model reads and can recover from. A write or
+an edit shows what it did, as real agents' edit results do: the file's lines around the
+change, numbered as by `cat -n` (at most SNIPPET_LINES of them).
 
 Confinement: file tools take paths relative to the workspace; absolute paths and paths
 that leave it (`..`, symlinks pointing out) are refused. `bash` runs with the
@@ -35,6 +37,9 @@ SYSTEM_PROMPT = (
 BASH_TIMEOUT_S = 10.0
 MAX_RESULT_CHARS = 4000  # longer tool results are cut in the middle
 MAX_FILE_BYTES = 1 << 20
+SNIPPET_CONTEXT = 3  # lines shown before and after an edit's change
+SNIPPET_LINES = 24  # at most this many lines in an edit or write result
+SNIPPET_LINE_CHARS = 200
 
 
 def _tool(name: str, description: str, properties: dict[str, Any]) -> dict[str, Any]:
@@ -108,9 +113,13 @@ def _write(ws: Path, arguments: dict[str, Any]) -> str:
     if target.is_dir():
         raise ToolError(f"{arguments['path']} is a folder")
     target.parent.mkdir(parents=True, exist_ok=True)
+    existed = target.exists()
     target.write_text(content)
     lines = content.count("\n") + (0 if content.endswith("\n") or not content else 1)
-    return f"Wrote {lines} line{'s' if lines != 1 else ''} to {arguments['path']}."
+    head = (f"The file {arguments['path']} has been {'overwritten' if existed else 'created'} "
+            f"({lines} line{'s' if lines != 1 else ''}).")
+    more = f"\n[{lines - SNIPPET_LINES} more lines]" if lines > SNIPPET_LINES else ""
+    return head + snippet(content, 0, SNIPPET_LINES - 1, arguments["path"]) + more
 
 
 def _edit(ws: Path, arguments: dict[str, Any]) -> str:
@@ -126,8 +135,29 @@ def _edit(ws: Path, arguments: dict[str, Any]) -> str:
         raise ToolError(f"old text not found in {arguments['path']}")
     if count > 1:
         raise ToolError(f"old text occurs {count} times in {arguments['path']}; give more of it")
-    target.write_text(text.replace(old, new, 1))
-    return f"Edited {arguments['path']}."
+    at = text.index(old)
+    after = text.replace(old, new, 1)
+    target.write_text(after)
+    first = after.count("\n", 0, at)
+    last = first + new.count("\n") - (1 if new.endswith("\n") and new else 0)
+    head = f"The file {arguments['path']} has been updated."
+    return head + snippet(after, first - SNIPPET_CONTEXT, last + SNIPPET_CONTEXT, arguments["path"])
+
+
+def snippet(text: str, first: int, last: int, path: str) -> str:
+    """`cat -n` of lines first..last (0-based, clamped) of `text`, at most SNIPPET_LINES
+    of them (a long change shows its start and end), each cut to SNIPPET_LINE_CHARS."""
+    if not text:
+        return " It is empty."
+    lines = text.removesuffix("\n").split("\n")
+    first, last = max(first, 0), min(last, len(lines) - 1)
+    if last < first:
+        return " It is empty."
+    numbered = [f"{i + 1:6}\t{lines[i][:SNIPPET_LINE_CHARS]}" for i in range(first, last + 1)]
+    if len(numbered) > SNIPPET_LINES:
+        half = SNIPPET_LINES // 2
+        numbered = [*numbered[:half], f"[... {len(numbered) - 2 * half} lines ...]", *numbered[-half:]]
+    return f" Here's the result of running `cat -n` on a snippet of {path}:\n" + "\n".join(numbered)
 
 
 @lru_cache(maxsize=1)

@@ -18,6 +18,13 @@ repairs it: `edit_miss` (edit_file old text not found), `write_typo` / `write_tr
 (read back after a write shows a misspelt or missing line), `wrong_path` (the write went
 to another file), `bad_command` (the command named a missing file).
 
+Long kinds (world.LONG_KINDS) open with a numbered plan before the first call, state
+each written file's full draft in the turn that writes it (as `say` does for every
+kind), and their ideal calls already read files back and run the check command after
+writing. Their own recovery, `skip_edit`: one edit of a Python file is left out, the
+check command's result shows it (a failing test, an old name grep still finds), and the
+next turns make the missed edit and run the check again.
+
 `write_jsonl` writes `{"messages": [...], "tools": [...]}` lines, the chat format
 mlx-lm's LoRA trainer reads (mlx_lm/tuner/datasets.py ChatDataset).
 """
@@ -31,10 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from .sandbox import SYSTEM_PROMPT, TOOLS, run_tool, workspace
-from .world import Task, make_task
+from .world import LONG_KINDS, Task, make_task
 
 VARIANTS: tuple[str, ...] = ("clean", "verify", "edit_miss", "write_typo", "write_truncated", "wrong_path",
-                             "bad_command")
+                             "bad_command", "skip_edit")
 # share of each variant among the trajectories of a task kind (where it applies)
 RECOVERY_SHARE = 0.3
 VERIFY_SHARE = 0.1
@@ -52,7 +59,16 @@ def applicable(task: Task) -> list[str]:
         out.append("edit_miss")
     if task.kind == "run_command":
         out.append("bad_command")
+    if task.kind in LONG_KINDS and _skippable(task):
+        out.append("skip_edit")
     return out
+
+
+def _skippable(task: Task) -> list[int]:
+    """Indices of a long task's edits of Python files that a later bash check follows."""
+    last_bash = max((i for i, (n, _) in enumerate(task.ideal) if n == "bash"), default=-1)
+    return [i for i, (n, a) in enumerate(task.ideal)
+            if n == "edit_file" and a["path"].endswith(".py") and i < last_bash]
 
 
 def choose_variant(task: Task, rng: random.Random) -> str:
@@ -87,6 +103,29 @@ def say(name: str, args: dict[str, Any]) -> str:
     if name == "read_file":
         return f"I read {args['path']}."
     return f"I run `{args['command']}`."
+
+
+def plan(task: Task) -> str:
+    """A numbered plan of a long task's ideal calls: runs of one tool make one step."""
+    steps: list[str] = []
+    groups: list[tuple[str, list[dict[str, Any]]]] = []
+    for name, args in task.ideal:
+        if groups and groups[-1][0] == name and name != "bash":
+            groups[-1][1].append(args)
+        else:
+            groups.append((name, [args]))
+    for name, group in groups:
+        paths = list(dict.fromkeys(a.get("path", "") for a in group))
+        if name == "bash":
+            steps.append(f"Run `{group[0]['command']}`.")
+        elif name == "read_file":
+            steps.append(f"Read {', '.join(paths)}.")
+        elif name == "write_file":
+            steps.append(f"Write {', '.join(paths)}.")
+        else:
+            n = len(group)
+            steps.append(f"Edit {', '.join(paths)} ({n} change{'s' if n != 1 else ''}).")
+    return "Plan:\n" + "".join(f"{i}. {step}\n" for i, step in enumerate(steps, 1))
 
 
 # --- building a conversation ------------------------------------------------------------
@@ -171,9 +210,12 @@ def build(task: Task, variant: str = "clean", seed: int | None = None) -> dict[s
                       and (variant != "write_truncated" or a["content"].count("\n") >= 2)]
         at = rng.choice(candidates) if candidates else -1
         read_paths: set[str] = set()
-        for i, (name, args) in enumerate(task.ideal):
+        if variant == "skip_edit":
+            _skip_edit(rec, task, rng)
+        for i, (name, args) in enumerate(task.ideal if variant != "skip_edit" else ()):
+            opening = plan(task) + "\n" + say(name, args) if i == 0 and task.kind in LONG_KINDS else None
             if i != at:
-                rec.call(name, args)
+                rec.call(name, args, opening)
                 if name == "read_file":
                     read_paths.add(args["path"])
                 continue
@@ -183,6 +225,29 @@ def build(task: Task, variant: str = "clean", seed: int | None = None) -> dict[s
             raise ValueError(f"trajectory {variant} of {task.kind} seed {task.seed} fails its check")
     return {"messages": rec.messages, "tools": TOOLS, "kind": task.kind, "variant": variant,
             "mistakes": rec.mistakes}
+
+
+def _skip_edit(rec: _Recorder, task: Task, rng: random.Random) -> None:
+    """The ideal calls with one Python edit left out until the next check shows it."""
+    with workspace(prefix="jumpahead-traj-") as scratch:  # the check results of the ideal run
+        task.setup(scratch)
+        ideal_results = [run_tool(scratch, name, args) for name, args in task.ideal]
+    skip = rng.choice(_skippable(task))
+    check_at = next(i for i, (n, _) in enumerate(task.ideal) if n == "bash" and i > skip)
+    for i, (name, args) in enumerate(task.ideal):
+        if i == skip:
+            continue
+        text = plan(task) + "\n" + say(name, args) if i == 0 else None
+        mistake = i == skip + 1  # the turn that moved on without the edit
+        result = rec.call(name, args, text, mistake=mistake)
+        if i != check_at:
+            continue
+        if result == ideal_results[i]:
+            raise ValueError("the check does not show the skipped edit")
+        missed = task.ideal[skip][1]
+        rec.call("edit_file", missed, f"`{args['command']}` shows that {missed['path']} still needs a change "
+                                      f"I left out.\n{say('edit_file', missed)}")
+        rec.call(name, args, f"I run `{args['command']}` again to check.")
 
 
 def _variant_step(rec: _Recorder, variant: str, name: str, args: dict[str, Any], rng: random.Random,
@@ -244,11 +309,13 @@ def _variant_step(rec: _Recorder, variant: str, name: str, args: dict[str, Any],
     raise ValueError(f"unknown variant {variant!r}")
 
 
-def generate(seeds: Iterable[int]) -> list[dict[str, Any]]:
-    """One trajectory per seed, its variant drawn per seed (deterministic)."""
+def generate(seeds: Iterable[int], long_share: float = 0.0) -> list[dict[str, Any]]:
+    """One trajectory per seed, its variant drawn per seed (deterministic). A seed makes a
+    long-kind task (cycling LONG_KINDS) with probability `long_share`, else its short one."""
     out = []
     for seed in seeds:
-        task = make_task(seed)
+        long = random.Random(f"long:{seed}").random() < long_share
+        task = make_task(seed, LONG_KINDS[seed % len(LONG_KINDS)] if long else None)
         rng = random.Random(f"variant:{seed}")
         variant = choose_variant(task, rng)
         try:

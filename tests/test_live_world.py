@@ -94,10 +94,13 @@ def test_tool_errors_are_results_not_exceptions():
         assert run_tool(ws, "read_file", {}).startswith("Error:")
         assert run_tool(ws, "read_file", {"path": "missing.txt"}).startswith("Error:")
         assert run_tool(ws, "write_file", {"path": "a.txt"}).startswith("Error:")
-        assert run_tool(ws, "write_file", {"path": "a.txt", "content": "one two\n"}) == "Wrote 1 line to a.txt."
+        assert run_tool(ws, "write_file", {"path": "a.txt", "content": "one two\n"}) == (
+            "The file a.txt has been created (1 line). Here's the result of running `cat -n` on a snippet "
+            "of a.txt:\n     1\tone two")
         assert run_tool(ws, "edit_file", {"path": "a.txt", "old": "three", "new": "x"}) == \
             "Error: old text not found in a.txt"
-        assert run_tool(ws, "edit_file", {"path": "a.txt", "old": "two", "new": "2"}) == "Edited a.txt."
+        assert run_tool(ws, "edit_file", {"path": "a.txt", "old": "two", "new": "2"}).startswith(
+            "The file a.txt has been updated.")
         assert run_tool(ws, "read_file", {"path": "a.txt"}) == "one 2\n"
         assert run_tool(ws, "bash", "ls").startswith("Error:")
         assert run_tool(ws, "bash", {"command": "exit 3"}).endswith("(exit code 3)")
@@ -241,7 +244,7 @@ def test_loss_mask_covers_assistant_turns_only(tokenizer):
     ids, mask = tokens_and_mask(tokenizer, record)
     learned = tokenizer.decode([t for t, m in zip(ids, mask) if m])
     assert "<tool_response>" not in learned and "# Tools" not in learned
-    assert "I read" in learned and "Edited" not in learned
+    assert "I read" in learned and "has been updated" not in learned
     mistake = msgs_call_args(traj["messages"][record["no_loss"][0]])
     correct = msgs_call_args(traj["messages"][-3])
     assert json.dumps(mistake["old"]) not in learned and json.dumps(correct["old"]) in learned
