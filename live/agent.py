@@ -23,7 +23,7 @@ from typing import Any
 
 from .ground_truth import expected_state, label_call, snapshot, task_outcome
 from .sandbox import SYSTEM_PROMPT, TOOLS, run_tool
-from .world import Task
+from .world import LONG_KINDS, Task
 
 from .oracle import ORACLE_FIELD
 
@@ -31,6 +31,18 @@ DEFAULT_MAX_STEPS = 6
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_TIMEOUT_S = 300.0
 RESULT_KEEP = 300  # tool-result characters kept per call in the record
+STEP_SLACK = 4  # model turns a long task gets beyond its ideal calls
+LONG_TURN_TOKENS = 768  # tokens per turn at least, for a long kind's turns that draft a whole file
+
+
+def budget(task: Task, options: AgentOptions) -> tuple[int, int, float]:
+    """(model turns, tokens per turn, wall-clock seconds) for `task`. A short kind gets the
+    options as they are; a long kind (14-27 ideal calls) gets at least its ideal calls plus
+    STEP_SLACK turns, with the timeout scaled by the same factor, and LONG_TURN_TOKENS."""
+    if task.kind not in LONG_KINDS:
+        return options.max_steps, options.max_tokens, options.timeout_s
+    turns = max(options.max_steps, task.steps + STEP_SLACK)
+    return turns, max(options.max_tokens, LONG_TURN_TOKENS), options.timeout_s * turns / options.max_steps
 
 
 @dataclass
@@ -118,17 +130,18 @@ def run_task(client: Any, task: Task, workspace: Path, arm_name: str, request_fi
         jumpahead[ORACLE_FIELD] = ideal_calls(task)
     messages: list[dict[str, Any]] = [{"role": "system", "content": options.system_prompt},
                                       {"role": "user", "content": task.prompt}]
+    max_turns, max_tokens, timeout_s = budget(task, options)
     t0 = time.perf_counter()
     final: str | None = None
     try:
-        for _ in range(options.max_steps):
-            left = options.timeout_s - (time.perf_counter() - t0)
+        for _ in range(max_turns):
+            left = timeout_s - (time.perf_counter() - t0)
             if left <= 0:
                 record.status = "timeout"
                 break
             t_turn = time.perf_counter()
             resp = client.chat.completions.create(
-                model=options.model, messages=messages, tools=TOOLS, max_tokens=options.max_tokens,
+                model=options.model, messages=messages, tools=TOOLS, max_tokens=max_tokens,
                 temperature=options.temperature, timeout=left, extra_body={"jumpahead": jumpahead})
             msg = resp.choices[0].message
             prompt, completion, cached, fill = _usage(resp)

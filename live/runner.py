@@ -47,7 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a LoRA adapter every arm's server loads (serve --adapter)")
     parser.add_argument("--model", default=None, metavar="PATH_OR_ID", help="serve --model for every arm")
     parser.add_argument("--kinds", default=None, metavar="LIST",
-                        help="task kinds, comma-separated (default: every kind, cycling by seed)")
+                        help="task kinds, comma-separated (default: every short kind, cycling by seed; "
+                             "the long kinds add_feature and rename_symbol run only when named, each with "
+                             "turns, tokens and time scaled to its ideal calls)")
     parser.add_argument("--seed-split", default=DEFAULT_SPLIT, choices=("train", "heldout"),
                         help=f"which seed range the tasks come from (default: {DEFAULT_SPLIT})")
     parser.add_argument("--seed-offset", type=int, default=0, metavar="K",
@@ -56,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="output folder (default: ./live-runs/<time>): tasks.jsonl, summary.json, "
                              "report.html, table.md, traces/, servers/")
-    parser.add_argument("--max-steps", type=int, default=6, metavar="N", help="model turns per task (default: 6)")
+    parser.add_argument("--max-steps", type=int, default=6, metavar="N", help="model turns per task (default: 6; a long kind gets at least its ideal calls + 4)")
     parser.add_argument("--max-tokens", type=int, default=256, metavar="N", help="tokens per turn (default: 256)")
     parser.add_argument("--task-timeout", type=float, default=300.0, metavar="S",
                         help="wall-clock limit per task in seconds (default: 300)")
@@ -384,12 +386,12 @@ def run(args: argparse.Namespace) -> int:
         print("jumpahead live: --tasks, --concurrency, --max-steps and --max-tokens must be at least 1",
               file=sys.stderr)
         return 2
-    from .world import KINDS, split_seeds
+    from .world import ALL_KINDS, split_seeds
 
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
-    unknown = [k for k in kinds or [] if k not in KINDS]
+    unknown = [k for k in kinds or [] if k not in ALL_KINDS]
     if unknown:
-        print(f"jumpahead live: unknown task kind(s) {', '.join(unknown)} (known: {', '.join(KINDS)})",
+        print(f"jumpahead live: unknown task kind(s) {', '.join(unknown)} (known: {', '.join(ALL_KINDS)})",
               file=sys.stderr)
         return 2
     from .agent import AgentOptions

@@ -32,6 +32,10 @@ DEFAULT_ITERS = 240
 DEFAULT_TRAIN = 500  # trajectories written: each seen about once (iters * batch size)
 DEFAULT_VALID = 16
 DEFAULT_VAL_BATCHES = 8
+# Long-kind trajectories (world.LONG_KINDS, drawn with --long-share) are 3,300-6,000
+# tokens with the default tokenizer: with any of them the default sequence length is
+# this, not 1,024 (a step then costs several times more).
+LONG_MAX_SEQ = 8192
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,8 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scale", type=float, default=20.0, help="LoRA scale (mlx-lm's default 20)")
     parser.add_argument("--learning-rate", type=float, default=1e-4,
                         help="peak of the warmup + cosine schedule (default: 1e-4)")
-    parser.add_argument("--max-seq-length", type=int, default=1024,
-                        help="tokens per trajectory kept (the system prompt with the tools is ~440)")
+    parser.add_argument("--max-seq-length", type=int, default=None,
+                        help="tokens per trajectory kept (the system prompt with the tools is ~440; "
+                             f"default: 1024, or {LONG_MAX_SEQ} with --long-share)")
+    parser.add_argument("--long-share", type=float, default=0.0, metavar="P",
+                        help="share of trajectories drawn from the long task kinds (add_feature, "
+                             "rename_symbol; 10-30 calls, 3-6k tokens); default 0: short kinds only")
     parser.add_argument("--steps-per-report", type=int, default=10)
     parser.add_argument("--steps-per-eval", type=int, default=200)
     parser.add_argument("--val-batches", type=int, default=DEFAULT_VAL_BATCHES,
@@ -69,14 +77,15 @@ def default_out() -> Path:
 # --- data -------------------------------------------------------------------------------
 
 
-def write_data(data_dir: Path, n_train: int, n_valid: int) -> tuple[int, int]:
-    """train.jsonl from the first n_train train seeds, valid.jsonl from the next n_valid."""
+def write_data(data_dir: Path, n_train: int, n_valid: int, long_share: float = 0.0) -> tuple[int, int]:
+    """train.jsonl from the first n_train train seeds, valid.jsonl from the next n_valid;
+    a `long_share` of each drawn from the long kinds."""
     from .trajectories import generate, write_jsonl
     from .world import split_seeds
 
     seeds = split_seeds("train", n_train + n_valid)
-    a = write_jsonl(data_dir / "train.jsonl", generate(seeds[:n_train]))
-    b = write_jsonl(data_dir / "valid.jsonl", generate(seeds[n_train:]))
+    a = write_jsonl(data_dir / "train.jsonl", generate(seeds[:n_train], long_share))
+    b = write_jsonl(data_dir / "valid.jsonl", generate(seeds[n_train:], long_share))
     return a, b
 
 
@@ -209,6 +218,7 @@ def adapter_config(args: argparse.Namespace, model_name: str, n_layers: int) -> 
         "learning_rate": args.learning_rate,
         "max_seq_length": args.max_seq_length,
         "n_train": args.n_train,
+        "long_share": getattr(args, "long_share", 0.0),
         "seed": args.seed,
         "trained_by": "jumpahead train-adapter (live/train.py)",
     }
@@ -242,7 +252,9 @@ def train_adapter(args: argparse.Namespace, progress=print) -> dict[str, Any]:
     data_dir = Path(args.data).expanduser() if args.data else out / "data"
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    n_train, n_valid = write_data(data_dir, args.n_train, args.n_valid)
+    if args.max_seq_length is None:
+        args.max_seq_length = LONG_MAX_SEQ if args.long_share > 0 else 1024
+    n_train, n_valid = write_data(data_dir, args.n_train, args.n_valid, args.long_share)
     progress(f"wrote {n_train} train / {n_valid} valid trajectories to {data_dir} "
              f"in {time.perf_counter() - t0:.1f}s")
 
