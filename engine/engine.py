@@ -119,6 +119,8 @@ class Engine:
         self.scheduler.prefix_cache = self.prefix_cache
         if self.draft is not None:
             self._store_draft_state(self.draft)
+        if self.mtp is not None:
+            self._store_mtp_state()
         # Made now, not on the first request: strict fill imports xgrammar (and torch),
         # ~1 s once per process, which a restarted server's first turn would pay.
         _ = self.strict
@@ -206,6 +208,18 @@ class Engine:
         mx.eval(head.parameters())
         self.runner.keep_all_hidden = True
         self.mtp = Mtp(head, self.model.model.embed_tokens, self.runner.head)
+        if getattr(self, "prefix_cache", None) is not None:  # (None yet while __init__ runs)
+            self._store_mtp_state()
+
+    def _store_mtp_state(self) -> None:
+        """The prefix cache keeps each row's MTP entries beside the target's KV
+        (engine/mtp_companion.py), so a warm turn feeds the MTP layer only new positions."""
+        from .mtp_companion import MtpCompanion
+
+        if self.prefix_cache is None:
+            return
+        self.prefix_cache.hooks = [h for h in self.prefix_cache.hooks if not isinstance(h, MtpCompanion)]
+        self.prefix_cache.register_companion(MtpCompanion(self.mtp.group))
 
     def _make_prefix_cache(self) -> Any:
         """The prefix cache this config asks for (None when disabled)."""

@@ -126,6 +126,25 @@ class MtpGroup:
         self.members = []
         self.cache = RowKVCache(1)
 
+    def capture(self, p: "GroupedMtpProposer", length: int, most: int) -> dict[str, mx.array] | None:
+        """Row p's MTP state after its first `length` tokens: the entries the target's
+        states wrote (positions base.. up to its last draft's pending token) and the
+        target's states after them, up to position length - 1 (at most `most` of them);
+        None where the row holds no such state."""
+        b = self.index(p)
+        if b is None or not p.pending or p.pending[0][0] != p.valid_end:
+            return None
+        hidden = mx.concatenate([h for _, h in p.pending], axis=0)
+        if p.valid_end + hidden.shape[0] < length or length - p.valid_end > most or length <= p.valid_end:
+            return None
+        n = p.valid_end - p.base
+        layer = self.cache.layers[0]
+        state = {"keys": mx.contiguous(layer.keys[b, :, :n]), "values": mx.contiguous(layer.values[b, :, :n]),
+                 "hidden": mx.contiguous(hidden[: length - p.valid_end]),
+                 "base": mx.array([p.base], dtype=mx.int32)}
+        mx.eval(list(state.values()))
+        return state
+
     # --- drafting ----------------------------------------------------------------------------
     def _forward(self, cache: RowKVCache, bases: list[int], hidden: mx.array, tokens: mx.array,
                  explicit: bool) -> mx.array:
@@ -143,6 +162,7 @@ class MtpGroup:
                 self.results[id(p)] = None
                 continue
             first, hidden, tokens = taken
+            p.valid_end = first + len(tokens)  # entries before the pending token are the target's
             b = self.index(p)
             if b is not None and p.base <= first <= p.base + self.cache.ends[b]:
                 self.cache.ends[b] = first - p.base  # the last chain's guesses roll back by pointer
@@ -174,12 +194,21 @@ class MtpGroup:
         self.cache.advance(counts)
         self.forwards += 1
         self.catch_ups += 1
+        for p, n in zip(self.members, counts):
+            p.fed += n
         return {id(p): g[b, n - 1] for b, (p, n) in enumerate(zip(self.members, counts)) if n}
 
     def _join(self, p: "GroupedMtpProposer", first: int, hidden: mx.array, tokens: list[int]) -> mx.array:
         """Write a new row's states alone in a one-row cache and add it to the batch."""
         one = RowKVCache(1)
         one.ends = [0]
+        if p.restored is not None:  # a prefix-cache hit's entries (engine/mtp_companion.py)
+            base, keys, values = p.restored
+            if base + keys.shape[1] == first:
+                one.layers[0].keys, one.layers[0].values = keys[None], values[None]
+                one.ends = [keys.shape[1]]
+                first = base
+            p.restored = None
         g = self._forward(one, [first], hidden[None], mx.array([tokens], dtype=mx.int32),
                           explicit=self.mtp.head.array_mask)
         one.advance([len(tokens)])
@@ -187,6 +216,7 @@ class MtpGroup:
         self.cache.append_rows(one)
         self.members.append(p)
         p.base = first
+        p.fed += len(tokens)
         self.joins += 1
         return g[0, -1]
 
@@ -226,6 +256,10 @@ class GroupedMtpProposer(MtpProposer):
         super().__init__(group.mtp, k, max_k)
         self.round_group = group
         self.base = 0  # absolute position of the row's cache column 0 in the group
+        self.valid_end = 0  # absolute position up to which its entries are from the target's states
+        # (base, keys, values): a prefix-cache hit's entries, installed when the row joins
+        self.restored: tuple[int, mx.array, mx.array] | None = None
+        self.fed = 0  # target states this row wrote into the MTP cache (tests)
 
     def propose(self, view: RowView, max_len: int) -> Proposal | None:
         if self.resting():

@@ -475,8 +475,9 @@ class Scheduler:
             counts.append(consumed)
             if row.finish_reason is not None:
                 done.append(i)
-            else:
-                self._observe_hidden(row, i, firsts[i], consumed)
+            # every consumed input, a finishing row's too (its MTP state goes to the prefix
+            # cache at retire: engine/mtp_companion.py)
+            self._observe_hidden(row, i, firsts[i], consumed)
         if self.runner.replay(self.group, inputs, counts, checkpoint):
             self.counters["replays"] += 1
         self.group.advance(counts)

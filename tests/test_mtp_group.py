@@ -184,3 +184,61 @@ def test_prompt_cache_hit_rows_draft_at_their_absolute_positions(folders, tmp_pa
         assert shadow.pairs and all(g == a for g, a in shadow.pairs)
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_warm_turn_restores_the_mtp_state_from_the_prefix_cache(folders, tmp_path, restart):  # noqa: F811
+    """Turn 1 drafts with MTP and retires; its MTP entries are kept beside the target's
+    KV (in RAM; with `restart`, read back from the SSD tier by a new engine). Turn 2 (turn 1's prompt and answer, then more) hits the cache there: the MTP
+    layer is fed only the positions the target runs (plus the states after turn 1's
+    last draft), its entries from position 0 equal a fresh forward over the whole
+    sequence, and the output is ordinary decoding's."""
+    from jumpahead.engine.engine import Engine, EngineConfig
+    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.mtp_companion import MtpCompanion
+    from tests.serving import frozen_width_policy
+
+    model, tok, info = load_model(str(folders("qwen3_next", True)), progress=lambda s: None)
+
+    def engine():
+        e = Engine(model, tok, info, EngineConfig(max_batch=2, mtp="auto", objective="latency", warm_up=False,
+                                                  prefix_cache_ssd=restart, prefix_cache_dir=str(tmp_path)))
+        e.scheduler.width_policy = frozen_width_policy()
+        return e
+
+    eng = engine()
+    try:
+        assert any(isinstance(h, MtpCompanion) for h in eng.prefix_cache.hooks)
+        first = chat_prompt(tok, TEXTS[0])
+        answer = run_rows(eng, [GenerationRequest(prompt=first, max_tokens=12, methods=["mtp"])])[0]["tokens"]
+        eng.flush_prefix_cache()
+        if restart:
+            eng.close()
+            eng = engine()
+        second = first + answer + chat_prompt(tok, TEXTS[1])
+        plain = run_rows(eng, [GenerationRequest(prompt=second, max_tokens=24, methods=["none"])])[0]
+        shadow = Shadowed(eng.mtp.group)
+        drafted = run_rows(eng, [GenerationRequest(prompt=second, max_tokens=24, methods=["none"],
+                                                   proposers=[shadow])])[0]
+        assert drafted["tokens"] == plain["tokens"]
+        for _ in range(200):
+            if shadow.entries is not None:
+                break
+            time.sleep(0.01)
+        base, keys, values = shadow.entries
+        assert base == 0, "the warm turn's MTP context did not start from the restored state"
+        hit = eng.prefix_cache.stats()
+        ran = len(second) + len(drafted["tokens"])  # positions of the whole sequence
+        # the new positions, and the states of turn 1's last round or two (after its last draft)
+        assert 0 < shadow.fed <= ran - len(first) - len(answer) + 8 < len(second), (shadow.fed, ran, hit)
+        print(f"\nwarm turn: MTP fed {shadow.fed} states for a {len(second)}-token prompt + {len(drafted['tokens'])} tokens")
+        n = shadow.drafted_at[-1]
+        seq = second + drafted["tokens"]
+        toks = mx.array([seq[: n + 1]], dtype=mx.int32)
+        fresh = MtpCache(0)
+        eng.mtp.head(eng.model.model(toks[:, :n]), eng.mtp.embed(toks[:, 1:]), fresh)
+        for got, want in zip((keys, values), fresh.kv.keys_and_values()):
+            got, want = got[..., :n, :], np.array(want[0, ..., :n, :].astype(mx.float32))
+            assert np.abs(got - want).max() <= 2e-3 * np.abs(want).max(), "a restored MTP entry is not the target's"
+    finally:
+        eng.close()
