@@ -5,7 +5,10 @@ Before the agent runs, the task's ideal calls are run in a scratch workspace: th
 they leave are the expected state. After each of the agent's calls the workspace is
 compared with what it was before the call:
 
-- `right`: every file the call changed now holds its expected content;
+- `right`: every file the call changed now holds its expected content, or a state on
+  the way there: one the ideal calls pass through, or for a file the ideal solution
+  changes by several edits, the start with any subset of them applied (a long task's
+  file is edited a line at a time, in any order);
 - `wrong`: it changed a file to anything else (a silent wrong write: "Wrote 3 lines"
   says nothing), created a file the task does not have, deleted one, or it failed
   (an error result, or a bash command that exited non-zero);
@@ -40,13 +43,41 @@ def snapshot(root: Path) -> dict[str, bytes]:
     return out
 
 
-def expected_state(task: Task) -> dict[str, bytes]:
-    """The files the task's ideal solution leaves."""
+MAX_SUBSET_EDITS = 6  # a file's ideal edits whose every subset counts as on the way
+
+
+class Expected(dict):
+    """The files the ideal solution leaves (path -> bytes), and in `along` the states on
+    the way there per path."""
+
+    along: dict[str, set[bytes]]
+
+
+def expected_state(task: Task) -> Expected:
+    """The files the task's ideal solution leaves, with the states on the way (`along`)."""
+    along: dict[str, set[bytes]] = {}
     with workspace("jumpahead-truth-") as ws:
         task.setup(ws)
         for name, arguments in task.ideal:
+            before = snapshot(ws)
             run_tool(ws, name, dict(arguments))
-        return snapshot(ws)
+            after = snapshot(ws)
+            for path in changed_paths(before, after):
+                if path in after:
+                    along.setdefault(path, set()).add(after[path])
+        out = Expected(snapshot(ws))
+    for path, start in task.files.items():
+        edits = [(a["old"], a["new"]) for n, a in task.ideal if n == "edit_file" and a.get("path") == path]
+        if not 1 < len(edits) <= MAX_SUBSET_EDITS:
+            continue
+        for mask in range(1 << len(edits)):
+            text = start
+            for j, (old, new) in enumerate(edits):
+                if mask >> j & 1 and old in text:
+                    text = text.replace(old, new, 1)
+            along.setdefault(path, set()).add(text.encode())
+    out.along = along
+    return out
 
 
 def failed(result: str) -> bool:
@@ -64,9 +95,10 @@ def changed_paths(before: dict[str, bytes], after: dict[str, bytes]) -> list[str
 def label_call(before: dict[str, bytes], after: dict[str, bytes], expected: dict[str, bytes],
                result: str) -> dict[str, Any]:
     """The call's `truth` (right | wrong | harmless), the paths it `changed`, and those of
-    them not at their expected content after it (`bad_after`)."""
+    them neither at their expected content nor on the way to it after it (`bad_after`)."""
     changed = changed_paths(before, after)
-    bad = [p for p in changed if after.get(p) != expected.get(p)]
+    along = getattr(expected, "along", {})
+    bad = [p for p in changed if after.get(p) != expected.get(p) and after.get(p) not in along.get(p, ())]
     truth = "wrong" if failed(result) or bad else ("right" if changed else "harmless")
     return {"truth": truth, "changed": changed, "bad_after": bad}
 

@@ -273,7 +273,46 @@ def summarize(records: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
             "plain_round_s": round(plain_s, 6) if plain_s else None,
             "pooled_cost_per_recovery_s": round(pooled_cost, 6) if pooled_cost is not None else None,
             "per_arm": out_arms, "accounts": {a: list(accounts[a].values()) for a in arms},
-            "notes": NOTES}
+            "kind_groups": kind_groups(by_arm, accounts, arms), "notes": NOTES}
+
+
+def kind_group(kind: str) -> str:
+    """`long` for the long task kinds (live/world.py LONG_KINDS), else `short`."""
+    from .world import LONG_KINDS
+
+    return "long" if kind in LONG_KINDS else "short"
+
+
+def kind_groups(by_arm: dict[str, dict[int, dict[str, Any]]], accounts: dict[str, dict[int, dict[str, Any]]],
+                arms: list[str]) -> dict[str, Any]:
+    """Per kind group (short, long) present in the run, per arm: tasks, successes, their
+    rate, statuses, and the D/P/H/R totals over the group's paired tasks (net = D - P - H - R),
+    the same accounts as per_arm split by the group of each seed's kind."""
+    out: dict[str, Any] = {}
+    for arm in arms:
+        for seed, rec in by_arm.get(arm, {}).items():
+            group = out.setdefault(kind_group(str(rec.get("kind"))), {"kinds": set(), "per_arm": {}})
+            group["kinds"].add(str(rec.get("kind")))
+            row = group["per_arm"].setdefault(arm, {"tasks": 0, "successes": 0, "statuses": Counter(),
+                                                    **{k: 0.0 for k in ("D_s", "P_s", "H_s", "R_s")},
+                                                    "paired_tasks": 0})
+            row["tasks"] += 1
+            row["successes"] += int(bool(rec.get("success")))
+            row["statuses"][str(rec.get("status"))] += 1
+            acc = accounts.get(arm, {}).get(seed)
+            if acc is not None and acc["R_s"] is not None:
+                row["paired_tasks"] += 1
+                for k in ("D_s", "P_s", "H_s", "R_s"):
+                    row[k] += acc[k]
+    for group in out.values():
+        group["kinds"] = sorted(group["kinds"])
+        for row in group["per_arm"].values():
+            row["success_rate"] = round(row["successes"] / row["tasks"], 6) if row["tasks"] else None
+            row["statuses"] = dict(sorted(row["statuses"].items()))
+            for k in ("D_s", "P_s", "H_s", "R_s"):
+                row[k] = round(row[k], 6)
+            row["net_s"] = round(row["D_s"] - row["P_s"] - row["H_s"] - row["R_s"], 6)
+    return dict(sorted(out.items()))
 
 
 def _arm_summary(arm: str, recs: dict[int, dict[str, Any]], base: dict[int, dict[str, Any]],

@@ -452,6 +452,8 @@ def _add_feature(rng: random.Random, vocab: dict[str, tuple[str, ...]]) -> Task:
             return False
         if f"`{new}`" not in readme_now or not all(_read(ws, p) is not None for p in files):
             return False
+        if not (_keeps_lines(readme_now, readme) and _keeps_lines(log, changelog)):
+            return False
         if _run_python(ws, ["-c", script]).returncode != 0:
             return False
         run = _run_python(ws, ["-m", "unittest", "discover", "-s", "tests"])
@@ -462,6 +464,12 @@ def _add_feature(rng: random.Random, vocab: dict[str, tuple[str, ...]]) -> Task:
     task = _task(prompt, len(ideal), files, ideal, answer, check)
     task.names = (pkg, mod, *names)
     return task
+
+
+def _keeps_lines(text: str, original: str) -> bool:
+    """Every non-blank line of `original` is still a line of `text`."""
+    kept = {line.rstrip() for line in text.split("\n")}
+    return all(line.rstrip() in kept for line in original.split("\n") if line.strip())
 
 
 def _rename_symbol(rng: random.Random, vocab: dict[str, tuple[str, ...]]) -> Task:
