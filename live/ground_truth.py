@@ -9,8 +9,8 @@ compared with what it was before the call:
   the way there: one the ideal calls pass through, or for a file the ideal solution
   changes by several edits, the start with any subset of them applied (a long task's
   file is edited a line at a time, in any order);
-- `wrong`: it changed a file to anything else (a silent wrong write: "Wrote 3 lines"
-  says nothing), created a file the task does not have, deleted one, or it failed
+- `wrong`: it changed a file to anything else (a silent wrong write: its result reports
+  no error, only its snippet shows what it wrote), created a file the task does not have, deleted one, or it failed
   (an error result, or a bash command that exited non-zero);
 - `harmless`: it changed nothing and did not fail (a read, a listing).
 

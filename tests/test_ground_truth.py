@@ -46,7 +46,7 @@ def test_a_silent_wrong_write_is_wrong_and_a_later_fix_recovers_it() -> None:
     with workspace() as ws:
         task.setup(ws)
         bad = _run(ws, expected, "write_file", {**args, "content": args["content"] + "oops\n"})
-        assert not bad["result"].startswith("Error") and bad["result"].startswith("Wrote")  # the text says nothing
+        assert not bad["result"].startswith("Error") and bad["result"].startswith("The file")  # no error: only the snippet shows it
         assert bad["truth"] == "wrong" and bad["changed"] == [args["path"]] == bad["bad_after"]
         read = _run(ws, expected, "read_file", {"path": args["path"]})
         assert read["truth"] == "harmless"
