@@ -12,7 +12,8 @@ import pytest
 
 from jumpahead.live.sandbox import TOOL_NAMES, TOOLS, run_tool, workspace
 from jumpahead.live.trajectories import VARIANTS, applicable, build, generate, training_record
-from jumpahead.live.world import KINDS, SINGLE_STEP, make_task, split_seeds
+from jumpahead.live.train import LONG_MAX_SEQ
+from jumpahead.live.world import KINDS, LONG_KINDS, SINGLE_STEP, make_task, split_seeds
 
 SEEDS = range(12)
 
@@ -186,6 +187,11 @@ def _sample_trajectories() -> list[dict]:
     return out
 
 
+def _long_trajectories() -> list[dict]:
+    """One of each long kind (a plan, drafts, a missed edit repaired): 14-27 calls."""
+    return [build(make_task(5, kind), variant, 5) for kind in LONG_KINDS for variant in ("clean", "skip_edit")]
+
+
 def test_training_text_is_what_the_server_renders(tokenizer):
     """At each assistant turn, the trainer's prompt (mlx-lm's apply_chat_template of the
     record) equals the server's prompt for the same conversation sent over the OpenAI
@@ -194,10 +200,11 @@ def test_training_text_is_what_the_server_renders(tokenizer):
     from jumpahead.proxy.openai_chat import parse_chat_request
     from jumpahead.core.prompt import render_prompt
 
-    for traj in _sample_trajectories()[::3]:
+    for traj in _sample_trajectories()[::3] + _long_trajectories()[::2]:
         record = json.loads(json.dumps(training_record(traj)))  # as read back from the JSONL
         msgs, tools = record["messages"], record["tools"]
         full = _ids(tokenizer, msgs, tools)
+        assert len(full) <= (LONG_MAX_SEQ if traj["kind"] in LONG_KINDS else 1024)
         for i, m in enumerate(msgs):
             if m["role"] != "assistant":
                 continue
@@ -215,7 +222,7 @@ def test_assistant_turns_parse_back_to_the_same_calls(tokenizer):
     from jumpahead.core.output_parser import OutputParser
     from jumpahead.core.turn import ContentDelta
 
-    for traj in _sample_trajectories()[::2]:
+    for traj in _sample_trajectories()[::2] + _long_trajectories()[1::2]:
         msgs, tools = traj["messages"], traj["tools"]
         turn_tools = parse_chat_request({"model": "m", "messages": msgs[:2], "tools": tools}).tools
         for i, m in enumerate(msgs):
