@@ -194,6 +194,20 @@ def _to_hf(weights: dict[str, mx.array], nested: bool) -> dict[str, mx.array]:
     return out
 
 
+def _random_with_mtp(config: dict, make_head, seed: int) -> tuple[dict[str, mx.array], dict[str, mx.array]]:
+    """(the model's weights, its MTP head's) at random, scaled as `build` scales them."""
+    from mlx_lm.utils import _get_classes
+
+    model_class, args_class = _get_classes(config)
+    mx.random.seed(seed)
+    model = model_class(args_class.from_dict(config))
+    head = make_head(model)
+    scale = lambda p: p * WEIGHT_SCALE if mx.issubdtype(p.dtype, mx.floating) and p.ndim >= 2 else p  # noqa: E731
+    model.update(tree_map(scale, model.parameters()))
+    head.update(tree_map(scale, head.parameters()))
+    return dict(tree_flatten(model.parameters())), dict(tree_flatten(head.parameters()))
+
+
 def build_hf_with_mtp(family: str, root: Path, tokenizer_dir: Path, seed: int = 0, predictable: bool = False) -> Path:
     """A Hugging Face format folder of `family`'s random model (as its checkpoints are
     published: per-expert tensors, zero-centred norms, unsanitized conv1d) with an MTP
@@ -205,8 +219,6 @@ def build_hf_with_mtp(family: str, root: Path, tokenizer_dir: Path, seed: int = 
     next token is nearly a function of the current one, and the MTP layer is built to
     compute exactly that function (fc passes the embedding half through, the layer
     adds nothing): it drafts what the target will pick, which exercises acceptance."""
-    from mlx_lm.utils import _get_classes
-
     from jumpahead.engine.mtp import MtpHead
 
     if family not in MTP_FAMILIES:
@@ -218,15 +230,7 @@ def build_hf_with_mtp(family: str, root: Path, tokenizer_dir: Path, seed: int = 
     text = config.get("text_config", config)
     (text if "text_config" in config else config)["mtp_num_hidden_layers" if "text_config" in config
                                                    else "num_nextn_predict_layers"] = 1
-    model_class, args_class = _get_classes(config)
-    mx.random.seed(seed)
-    model = model_class(args_class.from_dict(config))
-    head = MtpHead.for_model(model)
-    scale = lambda p: p * WEIGHT_SCALE if mx.issubdtype(p.dtype, mx.floating) and p.ndim >= 2 else p  # noqa: E731
-    model.update(tree_map(scale, model.parameters()))
-    head.update(tree_map(scale, head.parameters()))
-    weights = dict(tree_flatten(model.parameters()))
-    mtp = dict(tree_flatten(head.parameters()))
+    weights, mtp = _random_with_mtp(config, MtpHead.for_model, seed)
     if predictable:
         weights = {k: v * PREDICTABLE_SCALE if k.endswith(_OUTPUTS) else v for k, v in weights.items()}
         dim = text["hidden_size"]
@@ -270,8 +274,6 @@ def build_hf_with_nextn(family: str, root: Path, tokenizer_dir: Path, seed: int 
     `predictable`: as build_hf_with_mtp (a nearly-bigram trunk; eh_proj passes the
     embedding half through, the layer adds nothing, shared_head is the target's final
     norm and head), so the MTP layer drafts what the target will pick."""
-    from mlx_lm.utils import _get_classes
-
     from jumpahead.engine.mtp_nextn import NextnHead
 
     if family not in NEXTN_FAMILIES:
@@ -280,15 +282,7 @@ def build_hf_with_nextn(family: str, root: Path, tokenizer_dir: Path, seed: int 
     if (out / "model.safetensors").exists():
         return out
     config = {**family_config(family), "num_nextn_predict_layers": 1}
-    model_class, args_class = _get_classes(config)
-    mx.random.seed(seed)
-    model = model_class(args_class.from_dict(config))
-    head = NextnHead(type(model.model.layers[0]), model.args)
-    scale = lambda p: p * WEIGHT_SCALE if mx.issubdtype(p.dtype, mx.floating) and p.ndim >= 2 else p  # noqa: E731
-    model.update(tree_map(scale, model.parameters()))
-    head.update(tree_map(scale, head.parameters()))
-    weights = dict(tree_flatten(model.parameters()))
-    mtp = dict(tree_flatten(head.parameters()))
+    weights, mtp = _random_with_mtp(config, lambda m: NextnHead(type(m.model.layers[0]), m.args), seed)
     if predictable:
         weights = {k: v * PREDICTABLE_SCALE if k.endswith(_NEXTN_OUTPUTS) else v for k, v in weights.items()}
         dim = config["hidden_size"]

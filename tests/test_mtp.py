@@ -118,13 +118,40 @@ def test_greedy_with_mtp_equals_ordinary(served, fam, batch):
 @pytest.mark.parametrize("fam", MTP_FAMILIES)
 def test_random_mtp_weights_are_rejected_exactly(served, fam):
     """Random MTP weights: nearly every draft is rejected, and the rows still equal ordinary decoding."""
-    eng = served(fam)
+    check_rejected_exactly(served(fam))
+
+
+def check_rejected_exactly(eng) -> None:
     ps = prompts(eng, 2)
     plain = run_rows(eng, [GenerationRequest(prompt=p, max_tokens=TOKENS, methods=["none"]) for p in ps])
     drafted = run_rows(eng, [GenerationRequest(prompt=p, max_tokens=TOKENS, methods=["mtp"]) for p in ps])
     assert [o["tokens"] for o in drafted] == [o["tokens"] for o in plain]
     m = drafted[0]["fill"]["methods"]["mtp"]
     assert m["proposals"] > 0 and m["proposed"] > m["accepted"]
+
+
+def check_entries_are_the_targets(eng, seq: list[int], n: int, keys, values) -> None:
+    """MTP entries (numpy [H, >=n, D], positions 0..) at positions < n equal a fresh
+    forward of the MTP layer over (mlx-lm's own hidden state of the target at t, the
+    embedding of x_{t+1})."""
+    toks = mx.array([seq[: n + 1]], dtype=mx.int32)
+    fresh = MtpCache(0)
+    eng.mtp.head(eng.model.model(toks[:, :n]), eng.mtp.embed(toks[:, 1:]), fresh)
+    for got, want in zip((keys, values), fresh.kv.keys_and_values()):
+        got, want = np.asarray(got)[..., :n, :], np.array(want[0, ..., :n, :].astype(mx.float32))
+        assert np.abs(got - want).max() <= 2e-3 * np.abs(want).max(), "an MTP entry not from the target's state"
+
+
+def cache_engine(folders, tmp_path, ssd: bool = False):
+    """An engine on the predictable qwen3_next folder with a prefix cache under tmp_path."""
+    from jumpahead.engine.engine import Engine, EngineConfig
+    from jumpahead.engine.loader import load_model
+
+    model, tok, info = load_model(str(folders("qwen3_next", True)), progress=lambda s: None)
+    eng = Engine(model, tok, info, EngineConfig(max_batch=2, mtp="auto", objective="latency", warm_up=False,
+                                                prefix_cache_ssd=ssd, prefix_cache_dir=str(tmp_path)))
+    eng.scheduler.width_policy = frozen_width_policy()
+    return eng
 
 
 @pytest.mark.parametrize("fam", MTP_FAMILIES)
@@ -186,16 +213,9 @@ def test_mtp_cache_holds_the_entries_of_the_targets_states(served, fam):
     assert m["accepted"] > 0 and m["proposed"] > m["accepted"] and len(watched.drafted_at) > 3
     n = watched.drafted_at[-1]  # entries 0..n-1 are the targets' (n..: the last draft's guesses)
     seq = ps[0] + out[0]["tokens"]
-    toks = mx.array([seq[: n + 1]], dtype=mx.int32)
-    hidden = eng.model.model(toks[:, :n])  # mlx-lm's own forward: the target's final hidden states
-    fresh = MtpCache(0)
-    eng.mtp.head(hidden, eng.mtp.embed(toks[:, 1:]), fresh)
     cache = watched.cache
     assert cache.start == 0 and cache.offset >= n
-    got_k, got_v = (np.array(a[..., :n, :].astype(mx.float32)) for a in cache.kv.keys_and_values())
-    want_k, want_v = (np.array(a[..., :n, :].astype(mx.float32)) for a in fresh.kv.keys_and_values())
-    for got, want in ((got_k, want_k), (got_v, want_v)):
-        assert np.abs(got - want).max() <= 2e-3 * np.abs(want).max(), "an MTP entry not from the target's state"
+    check_entries_are_the_targets(eng, seq, n, *(np.array(a[0].astype(mx.float32)) for a in cache.kv.keys_and_values()))
 
 
 @pytest.mark.parametrize("fam", MTP_FAMILIES)
@@ -243,13 +263,8 @@ def test_prompt_cache_hit_drafts_from_the_positions_it_runs(folders, tmp_path):
     """A second turn from the prefix cache: the row's MTP context starts at the first
     position the target runs (no hidden states exist before it), and the output is
     still ordinary decoding's."""
-    from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.loader import load_model
-
-    model, tok, info = load_model(str(folders("qwen3_next", True)), progress=lambda s: None)
-    eng = Engine(model, tok, info, EngineConfig(max_batch=2, mtp="auto", objective="latency", warm_up=False,
-                                                prefix_cache_ssd=False, prefix_cache_dir=str(tmp_path)))
-    eng.scheduler.width_policy = frozen_width_policy()
+    eng = cache_engine(folders, tmp_path)
+    tok = eng.tokenizer
     try:
         first = chat_prompt(tok, TEXTS[0])
         answer = run_rows(eng, [GenerationRequest(prompt=first, max_tokens=8, methods=["none"])])[0]["tokens"]

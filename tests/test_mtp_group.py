@@ -19,11 +19,11 @@ import pytest
 import mlx.core as mx
 
 from jumpahead.bench.family_models import MTP_FAMILIES
-from jumpahead.engine.mtp import MtpCache, MtpProposer
+from jumpahead.engine.mtp import MtpProposer
 from jumpahead.engine.mtp_group import GroupedMtpProposer
 from jumpahead.engine.types import GenerationRequest
 from tests.serving import chat_prompt, run_rows
-from tests.test_mtp import TEXTS, folders, served  # noqa: F401 (fixtures)
+from tests.test_mtp import TEXTS, cache_engine, check_entries_are_the_targets, folders, served  # noqa: F401
 
 LENGTHS = [10, 30, 18, 40, 12, 24]
 
@@ -121,13 +121,7 @@ def test_grouped_cache_holds_the_entries_of_the_targets_states(served, fam):
         base, keys, values = s.entries
         assert base == 0
         n = s.drafted_at[-1]  # entries 0..n-1 are the target's (n..: the last draft's guesses)
-        seq = p + o["tokens"]
-        toks = mx.array([seq[: n + 1]], dtype=mx.int32)
-        fresh = MtpCache(0)
-        eng.mtp.head(eng.model.model(toks[:, :n]), eng.mtp.embed(toks[:, 1:]), fresh)
-        for got, want in zip((keys, values), fresh.kv.keys_and_values()):
-            got, want = got[..., :n, :], np.array(want[0, ..., :n, :].astype(mx.float32))
-            assert np.abs(got - want).max() <= 2e-3 * np.abs(want).max(), "an MTP entry not from the target's state"
+        check_entries_are_the_targets(eng, p + o["tokens"], n, keys, values)
 
 
 def test_one_chain_forward_per_step_for_all_rows(served):
@@ -158,14 +152,8 @@ def test_one_chain_forward_per_step_for_all_rows(served):
 def test_prompt_cache_hit_rows_draft_at_their_absolute_positions(folders, tmp_path):  # noqa: F811
     """A warm turn's row joins the group at the first position the target runs (base >
     0): its rope reads absolute positions, so its drafts equal the per-row path's."""
-    from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.loader import load_model
-    from tests.serving import frozen_width_policy
-
-    model, tok, info = load_model(str(folders("qwen3_next", True)), progress=lambda s: None)
-    eng = Engine(model, tok, info, EngineConfig(max_batch=2, mtp="auto", objective="latency", warm_up=False,
-                                                prefix_cache_ssd=False, prefix_cache_dir=str(tmp_path)))
-    eng.scheduler.width_policy = frozen_width_policy()
+    eng = cache_engine(folders, tmp_path)
+    tok = eng.tokenizer
     try:
         first = chat_prompt(tok, TEXTS[0])
         answer = run_rows(eng, [GenerationRequest(prompt=first, max_tokens=8, methods=["none"])])[0]["tokens"]
@@ -193,20 +181,10 @@ def test_warm_turn_restores_the_mtp_state_from_the_prefix_cache(folders, tmp_pat
     layer is fed only the positions the target runs (plus the states after turn 1's
     last draft), its entries from position 0 equal a fresh forward over the whole
     sequence, and the output is ordinary decoding's."""
-    from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.loader import load_model
     from jumpahead.engine.mtp_companion import MtpCompanion
-    from tests.serving import frozen_width_policy
 
-    model, tok, info = load_model(str(folders("qwen3_next", True)), progress=lambda s: None)
-
-    def engine():
-        e = Engine(model, tok, info, EngineConfig(max_batch=2, mtp="auto", objective="latency", warm_up=False,
-                                                  prefix_cache_ssd=restart, prefix_cache_dir=str(tmp_path)))
-        e.scheduler.width_policy = frozen_width_policy()
-        return e
-
-    eng = engine()
+    eng = cache_engine(folders, tmp_path, ssd=restart)
+    tok = eng.tokenizer
     try:
         assert any(isinstance(h, MtpCompanion) for h in eng.prefix_cache.hooks)
         first = chat_prompt(tok, TEXTS[0])
@@ -214,7 +192,7 @@ def test_warm_turn_restores_the_mtp_state_from_the_prefix_cache(folders, tmp_pat
         eng.flush_prefix_cache()
         if restart:
             eng.close()
-            eng = engine()
+            eng = cache_engine(folders, tmp_path, ssd=True)
         second = first + answer + chat_prompt(tok, TEXTS[1])
         plain = run_rows(eng, [GenerationRequest(prompt=second, max_tokens=24, methods=["none"])])[0]
         shadow = Shadowed(eng.mtp.group)
@@ -232,13 +210,6 @@ def test_warm_turn_restores_the_mtp_state_from_the_prefix_cache(folders, tmp_pat
         # the new positions, and the states of turn 1's last round or two (after its last draft)
         assert 0 < shadow.fed <= ran - len(first) - len(answer) + 8 < len(second), (shadow.fed, ran, hit)
         print(f"\nwarm turn: MTP fed {shadow.fed} states for a {len(second)}-token prompt + {len(drafted['tokens'])} tokens")
-        n = shadow.drafted_at[-1]
-        seq = second + drafted["tokens"]
-        toks = mx.array([seq[: n + 1]], dtype=mx.int32)
-        fresh = MtpCache(0)
-        eng.mtp.head(eng.model.model(toks[:, :n]), eng.mtp.embed(toks[:, 1:]), fresh)
-        for got, want in zip((keys, values), fresh.kv.keys_and_values()):
-            got, want = got[..., :n, :], np.array(want[0, ..., :n, :].astype(mx.float32))
-            assert np.abs(got - want).max() <= 2e-3 * np.abs(want).max(), "a restored MTP entry is not the target's"
+        check_entries_are_the_targets(eng, second + drafted["tokens"], shadow.drafted_at[-1], keys, values)
     finally:
         eng.close()

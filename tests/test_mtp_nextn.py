@@ -20,7 +20,7 @@ from jumpahead.bench.family_models import NEXTN_FAMILIES, _nextn_to_hf, build_hf
 from jumpahead.engine.mtp_nextn import NextnHead, read_nextn_weights
 from jumpahead.engine.types import GenerationRequest
 from tests.serving import chat_prompt, frozen_width_policy, run_rows
-from tests.test_mtp import TEXTS
+from tests.test_mtp import TEXTS, check_rejected_exactly
 from tests.test_mtp_group import Shadowed
 
 TOKENS = 24
@@ -98,10 +98,4 @@ def test_greedy_with_mtp_equals_ordinary(served, fam, batch):
 
 @pytest.mark.parametrize("fam", NEXTN_FAMILIES)
 def test_random_mtp_weights_are_rejected_exactly(served, fam):
-    _, eng = served(fam)
-    ps = prompts(eng, 2)
-    plain = run_rows(eng, [GenerationRequest(prompt=p, max_tokens=TOKENS, methods=["none"]) for p in ps])
-    drafted = run_rows(eng, [GenerationRequest(prompt=p, max_tokens=TOKENS, methods=["mtp"]) for p in ps])
-    assert [o["tokens"] for o in drafted] == [o["tokens"] for o in plain]
-    m = drafted[0]["fill"]["methods"]["mtp"]
-    assert m["proposals"] > 0 and m["proposed"] > m["accepted"]
+    check_rejected_exactly(served(fam)[1])
