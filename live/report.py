@@ -65,6 +65,21 @@ def markdown_table(summary: dict[str, Any]) -> str:
             f"{rec.get('recovered_tasks', 0)} / {rec.get('unrecovered_tasks', 0)}" if rec.get("wrong") else "",
             _fmt(rec.get("cost_per_recovery_s"), 2) if rec.get("wrong") else "",
             _fmt(rec.get("breakeven_frequency")) if jumps else ""]) + " |")
+    return "\n".join(lines) + "\n" + group_table(summary)
+
+
+def group_table(summary: dict[str, Any]) -> str:
+    """Short and long kinds apart (summary `kind_groups`), where a run has both."""
+    groups = summary.get("kind_groups") or {}
+    if len(groups) < 2:
+        return ""
+    lines = ["", "| kinds | arm | solved | paired tasks | D s | P s | H s | R s | net D-P-H-R s |", "|" + "---|" * 9]
+    for name, group in groups.items():
+        for arm, g in group.get("per_arm", {}).items():
+            lines.append("| " + " | ".join([f"{name} ({', '.join(group.get('kinds', []))})", arm,
+                                            f"{g['successes']}/{g['tasks']}", str(g["paired_tasks"]),
+                                            *(_fmt(g.get(k), 1) for k in ("D_s", "P_s", "H_s", "R_s", "net_s"))])
+                         + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -14,6 +14,7 @@ import pytest
 from jumpahead.live.agent import LONG_TURN_TOKENS, STEP_SLACK, AgentOptions, budget
 from jumpahead.live.ground_truth import expected_state, label_call, snapshot
 from jumpahead.live.sandbox import SNIPPET_LINES, run_tool, workspace
+from jumpahead.live.report import group_table
 from jumpahead.live.summary import summarize
 from jumpahead.live.trajectories import applicable, build, generate, plan
 from jumpahead.live.world import ALL_KINDS, KINDS, LONG_KINDS, VOCAB, make_task, split_of, split_seeds
@@ -226,3 +227,7 @@ def test_summary_reports_kind_groups_separately():
     short, long = groups["short"]["per_arm"]["j"], groups["long"]["per_arm"]["j"]
     assert (short["tasks"], short["successes"], short["success_rate"]) == (2, 1, 0.5)
     assert (long["tasks"], long["successes"], long["statuses"]) == (1, 1, {"answered": 1})
+    summary = summarize(records, ["ordinary", "j"])
+    table = group_table(summary)
+    assert "| long (add_feature) | j | 1/1 |" in table and "| short (create_file, fix_typo) | j | 1/2 |" in table
+    assert group_table(summarize(records[:2], ["ordinary", "j"])) == ""
