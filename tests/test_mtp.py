@@ -142,6 +142,22 @@ def check_entries_are_the_targets(eng, seq: list[int], n: int, keys, values) -> 
         assert np.abs(got - want).max() <= 2e-3 * np.abs(want).max(), "an MTP entry not from the target's state"
 
 
+def two_turns(eng, proposer, first_method: str = "none", between=None) -> tuple[list[int], dict]:
+    """Turn 1 (with `first_method`), then turn 2 (turn 1's prompt and answer, then
+    more) ordinary and with `proposer(engine)`: equal outputs. `between(engine)` may
+    return another engine for turn 2 (a restart). Returns (turn 2's prompt, its row)."""
+    first = chat_prompt(eng.tokenizer, TEXTS[0])
+    answer = run_rows(eng, [GenerationRequest(prompt=first, max_tokens=12, methods=[first_method])])[0]["tokens"]
+    eng.flush_prefix_cache()
+    eng = between(eng) if between is not None else eng
+    second = first + answer + chat_prompt(eng.tokenizer, TEXTS[1])
+    plain = run_rows(eng, [GenerationRequest(prompt=second, max_tokens=TOKENS, methods=["none"])])[0]
+    drafted = run_rows(eng, [GenerationRequest(prompt=second, max_tokens=TOKENS, methods=["none"],
+                                               proposers=[proposer(eng)])])[0]
+    assert drafted["tokens"] == plain["tokens"]
+    return second, drafted
+
+
 def cache_engine(folders, tmp_path, ssd: bool = False):
     """An engine on the predictable qwen3_next folder with a prefix cache under tmp_path."""
     from jumpahead.engine.engine import Engine, EngineConfig
@@ -264,17 +280,9 @@ def test_prompt_cache_hit_drafts_from_the_positions_it_runs(folders, tmp_path):
     position the target runs (no hidden states exist before it), and the output is
     still ordinary decoding's."""
     eng = cache_engine(folders, tmp_path)
-    tok = eng.tokenizer
     try:
-        first = chat_prompt(tok, TEXTS[0])
-        answer = run_rows(eng, [GenerationRequest(prompt=first, max_tokens=8, methods=["none"])])[0]["tokens"]
-        eng.flush_prefix_cache()
-        second = first + answer + chat_prompt(tok, TEXTS[1])
-        plain = run_rows(eng, [GenerationRequest(prompt=second, max_tokens=TOKENS, methods=["none"])])[0]
         watched = Watched(eng.mtp)
-        drafted = run_rows(eng, [GenerationRequest(prompt=second, max_tokens=TOKENS, methods=["none"],
-                                                   proposers=[watched])])[0]
-        assert drafted["tokens"] == plain["tokens"]
+        second, _ = two_turns(eng, lambda e: watched)
         assert watched.drafted_at and 0 < watched.cache.start < len(second), "the second turn did not hit the cache"
     finally:
         eng.close()

@@ -23,7 +23,7 @@ from jumpahead.engine.mtp import MtpProposer
 from jumpahead.engine.mtp_group import GroupedMtpProposer
 from jumpahead.engine.types import GenerationRequest
 from tests.serving import chat_prompt, run_rows
-from tests.test_mtp import TEXTS, cache_engine, check_entries_are_the_targets, folders, served  # noqa: F401
+from tests.test_mtp import TEXTS, cache_engine, check_entries_are_the_targets, folders, served, two_turns  # noqa: F401
 
 LENGTHS = [10, 30, 18, 40, 12, 24]
 
@@ -149,26 +149,23 @@ def test_one_chain_forward_per_step_for_all_rows(served):
           f"{d['chains']} chains, {d['rows_drafted']} row drafts")
 
 
+def retired(shadow: "Shadowed") -> tuple:
+    """The shadow row's entries, once the scheduler thread has retired it."""
+    for _ in range(200):
+        if shadow.entries is not None:
+            break
+        time.sleep(0.01)
+    return shadow.entries
+
+
 def test_prompt_cache_hit_rows_draft_at_their_absolute_positions(folders, tmp_path):  # noqa: F811
     """A warm turn's row joins the group at the first position the target runs (base >
     0): its rope reads absolute positions, so its drafts equal the per-row path's."""
     eng = cache_engine(folders, tmp_path)
-    tok = eng.tokenizer
     try:
-        first = chat_prompt(tok, TEXTS[0])
-        answer = run_rows(eng, [GenerationRequest(prompt=first, max_tokens=8, methods=["none"])])[0]["tokens"]
-        eng.flush_prefix_cache()
-        second = first + answer + chat_prompt(tok, TEXTS[1])
-        plain = run_rows(eng, [GenerationRequest(prompt=second, max_tokens=24, methods=["none"])])[0]
         shadow = Shadowed(eng.mtp.group)
-        drafted = run_rows(eng, [GenerationRequest(prompt=second, max_tokens=24, methods=["none"],
-                                                   proposers=[shadow])])[0]
-        assert drafted["tokens"] == plain["tokens"]
-        for _ in range(200):
-            if shadow.entries is not None:
-                break
-            time.sleep(0.01)
-        assert 0 < shadow.entries[0] < len(second), "the second turn did not hit the cache"
+        second, _ = two_turns(eng, lambda e: shadow)
+        assert 0 < retired(shadow)[0] < len(second), "the second turn did not hit the cache"
         assert shadow.pairs and all(g == a for g, a in shadow.pairs)
     finally:
         eng.close()
@@ -177,39 +174,35 @@ def test_prompt_cache_hit_rows_draft_at_their_absolute_positions(folders, tmp_pa
 @pytest.mark.parametrize("restart", [False, True])
 def test_warm_turn_restores_the_mtp_state_from_the_prefix_cache(folders, tmp_path, restart):  # noqa: F811
     """Turn 1 drafts with MTP and retires; its MTP entries are kept beside the target's
-    KV (in RAM; with `restart`, read back from the SSD tier by a new engine). Turn 2 (turn 1's prompt and answer, then more) hits the cache there: the MTP
-    layer is fed only the positions the target runs (plus the states after turn 1's
-    last draft), its entries from position 0 equal a fresh forward over the whole
-    sequence, and the output is ordinary decoding's."""
+    KV (in RAM; with `restart`, read back from the SSD tier by a new engine). Turn 2
+    (turn 1's prompt and answer, then more) hits the cache there: the MTP layer is fed
+    only the positions the target runs (plus the states after turn 1's last draft),
+    its entries from position 0 equal a fresh forward over the whole sequence, and the
+    output is ordinary decoding's."""
     from jumpahead.engine.mtp_companion import MtpCompanion
 
-    eng = cache_engine(folders, tmp_path, ssd=restart)
-    tok = eng.tokenizer
+    engines = [cache_engine(folders, tmp_path, ssd=restart)]
+
+    def reopen(eng):
+        if not restart:
+            return eng
+        eng.close()
+        engines.append(cache_engine(folders, tmp_path, ssd=True))
+        return engines[-1]
+
+    shadows = []
     try:
-        assert any(isinstance(h, MtpCompanion) for h in eng.prefix_cache.hooks)
-        first = chat_prompt(tok, TEXTS[0])
-        answer = run_rows(eng, [GenerationRequest(prompt=first, max_tokens=12, methods=["mtp"])])[0]["tokens"]
-        eng.flush_prefix_cache()
-        if restart:
-            eng.close()
-            eng = cache_engine(folders, tmp_path, ssd=True)
-        second = first + answer + chat_prompt(tok, TEXTS[1])
-        plain = run_rows(eng, [GenerationRequest(prompt=second, max_tokens=24, methods=["none"])])[0]
-        shadow = Shadowed(eng.mtp.group)
-        drafted = run_rows(eng, [GenerationRequest(prompt=second, max_tokens=24, methods=["none"],
-                                                   proposers=[shadow])])[0]
-        assert drafted["tokens"] == plain["tokens"]
-        for _ in range(200):
-            if shadow.entries is not None:
-                break
-            time.sleep(0.01)
-        base, keys, values = shadow.entries
+        assert any(isinstance(h, MtpCompanion) for h in engines[0].prefix_cache.hooks)
+        second, drafted = two_turns(engines[0], lambda e: shadows.append(Shadowed(e.mtp.group)) or shadows[-1],
+                                    first_method="mtp", between=reopen)
+        eng, shadow = engines[-1], shadows[0]
+        base, keys, values = retired(shadow)
         assert base == 0, "the warm turn's MTP context did not start from the restored state"
-        hit = eng.prefix_cache.stats()
-        ran = len(second) + len(drafted["tokens"])  # positions of the whole sequence
+        new = len(second) + len(drafted["tokens"]) - (len(second) - len(chat_prompt(eng.tokenizer, TEXTS[1])))
         # the new positions, and the states of turn 1's last round or two (after its last draft)
-        assert 0 < shadow.fed <= ran - len(first) - len(answer) + 8 < len(second), (shadow.fed, ran, hit)
-        print(f"\nwarm turn: MTP fed {shadow.fed} states for a {len(second)}-token prompt + {len(drafted['tokens'])} tokens")
+        assert 0 < shadow.fed <= new + 8 < len(second), (shadow.fed, new)
+        print(f"\nwarm turn: MTP fed {shadow.fed} states for a {len(second)}-token prompt + "
+              f"{len(drafted['tokens'])} tokens")
         check_entries_are_the_targets(eng, second + drafted["tokens"], shadow.drafted_at[-1], keys, values)
     finally:
-        eng.close()
+        engines[-1].close()
