@@ -39,7 +39,8 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
 from .cache_layout import single_row
 from .model_runner import ModelRunner
-from .proposal import Proposal, RowView, unwrapped
+from .proposal import Proposal, RowView
+from .round_group import RoundGroup, group_member
 from .row_cache import STEP
 
 DRAFT_VERSION = 1
@@ -173,7 +174,7 @@ def _common(a: Sequence[int], b: Sequence[int], start: int, limit: int) -> int:
     return n
 
 
-class DraftModelGroup:
+class DraftModelGroup(RoundGroup):
     """Every row's draft state in one batched cache; drafts for all offered rows at once.
 
     Row b of `cache` (the draft model's RowKVCache) belongs to `members[b]`, whose
@@ -201,12 +202,11 @@ class DraftModelGroup:
     cache captured its state (DraftCompanion)."""
 
     def __init__(self, draft: DraftModel) -> None:
+        super().__init__()
         self.draft_model = draft
         self.runner = draft.runner
         self.cache = self.runner.new_cache()
         self.members: list[DraftProposer] = []
-        self.offered: list[tuple[DraftProposer, RowView]] = []
-        self.results: dict[int, list[int]] = {}
         # counters (benches, tests): batched forwards over the group (catch-ups and chain
         # steps; `catch_ups` of them), the forwards drafting row by row would have run
         # for the same drafts, single-row forwards of joining rows, chains, rows
@@ -218,28 +218,6 @@ class DraftModelGroup:
         self.chains = 0
         self.rows_drafted = 0
         self.fed = 0
-
-    # --- the scheduler's round protocol (engine/scheduler.py _offer_round_groups) ----------
-    def start_round(self) -> None:
-        self.offered = []
-        self.results = {}
-
-    def offer(self, proposer: "DraftProposer", view: RowView) -> None:
-        if proposer.cooldown == 0 and view.budget > 1:
-            self.offered.append((proposer, view))
-
-    def draft(self, proposer: "DraftProposer", view: RowView, k: int) -> list[int]:
-        if id(proposer) not in self.results:
-            batch = [(p, v) for p, v in self.offered if id(p) not in self.results]
-            if not any(p is proposer for p, _ in batch):
-                batch.append((proposer, view))  # asked without an offer (a wrapped proposer, a test)
-            widths = [max(1, k if p is proposer else min(p.k, v.budget - 1)) for p, v in batch]
-            try:
-                self._run(batch, widths)
-            except Exception:
-                self.reset()  # never leave the members and the cache out of step
-                raise
-        return self.results.pop(id(proposer))[:k]
 
     def stats(self) -> dict[str, int]:
         """/metrics "draft_model": how the group's forwards were shared."""
@@ -476,18 +454,12 @@ class DraftCompanion:
         self.group = draft.group
         self.name = f"draft-{draft.fingerprint[:16]}"
 
-    def _proposer(self, row: Any) -> DraftProposer | None:
-        for p in map(unwrapped, row.proposers):
-            if isinstance(p, DraftProposer) and p.round_group is self.group:
-                return p
-        return None
-
     def capture(self, row: Any, length: int) -> dict[str, mx.array] | None:
-        p = self._proposer(row)
+        p = group_member(row, self.group)
         return None if p is None else self.group.capture(p, list(row.prompt) + list(row.output), length)
 
     def restore(self, row: Any, state: dict[str, mx.array], length: int) -> None:
-        p = self._proposer(row)
+        p = group_member(row, self.group)
         if p is None or "kv" not in state or "length" not in state:
             return
         n = int(state["length"].reshape(-1)[0].item())

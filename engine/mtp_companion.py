@@ -20,8 +20,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from .mtp_group import GroupedMtpProposer, MtpGroup
-from .proposal import unwrapped
+from .mtp_group import MtpGroup
+from .round_group import group_member
 
 # most target hidden states stored after a row's entries (each is one [D] vector)
 MOST_HIDDEN = 64
@@ -39,19 +39,13 @@ class MtpCompanion:
         self.group = group
         self.name = f"mtp-{head_digest(group.mtp.head)}"
 
-    def _proposer(self, row: Any) -> GroupedMtpProposer | None:
-        for p in map(unwrapped, row.proposers):
-            if isinstance(p, GroupedMtpProposer) and p.round_group is self.group:
-                return p
-        return None
-
     def capture(self, row: Any, length: int) -> dict[str, mx.array] | None:
-        p = self._proposer(row)
+        p = group_member(row, self.group)
         return None if p is None else self.group.capture(p, length, MOST_HIDDEN)
 
     def restore(self, row: Any, state: dict[str, mx.array], length: int) -> None:
         """Hand a hit's state to the row's proposer where it reaches the hit exactly."""
-        p = self._proposer(row)
+        p = group_member(row, self.group)
         if p is None or not {"keys", "values", "hidden", "base"} <= set(state) or length != row.prefilled:
             return
         keys, values, hidden = state["keys"], state["values"], state["hidden"]

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 
 from .proposal import Proposal, RowView
+from .round_group import RoundGroup
 from .row_cache import LayerCache, RowKVCache
 
 if TYPE_CHECKING:
@@ -57,16 +58,15 @@ class _Shifted:
         return self.layer.update_and_fetch(keys, values)
 
 
-class MtpGroup:
+class MtpGroup(RoundGroup):
     """Every row's MTP state in one batched cache; drafts for all offered rows at once
-    (see the module docstring)."""
+    (see the module docstring; the round protocol: engine/round_group.py)."""
 
     def __init__(self, mtp: "Mtp") -> None:
+        super().__init__()
         self.mtp = mtp
         self.cache = RowKVCache(1)
         self.members: list[GroupedMtpProposer] = []
-        self.offered: list[tuple[GroupedMtpProposer, RowView]] = []
-        self.results: dict[int, list[int] | None] = {}
         # counters (tests, /metrics): batched forwards over the group (catch-ups and chain
         # steps), single-row forwards of joining rows, the forwards drafting row by row
         # would have run for the same drafts, chains, rows drafted
@@ -76,30 +76,6 @@ class MtpGroup:
         self.row_forwards = 0
         self.chains = 0
         self.rows_drafted = 0
-
-    # --- the scheduler's round protocol (engine/scheduler.py _offer_round_groups) ---------
-    def start_round(self) -> None:
-        self.offered = []
-        self.results = {}
-
-    def offer(self, proposer: "GroupedMtpProposer", view: RowView) -> None:
-        if proposer.cooldown == 0 and view.budget > 1:
-            self.offered.append((proposer, view))
-
-    def draft(self, proposer: "GroupedMtpProposer", view: RowView, k: int) -> list[int] | None:
-        """Row `proposer`'s k draft tokens (None: its states are not all here yet)."""
-        if id(proposer) not in self.results:
-            batch = [(p, v) for p, v in self.offered if id(p) not in self.results]
-            if not any(p is proposer for p, _ in batch):
-                batch.append((proposer, view))  # asked without an offer (a wrapped proposer, a test)
-            widths = {id(p): max(1, k if p is proposer else min(p.k, v.budget - 1)) for p, v in batch}
-            try:
-                self._run(batch, widths)
-            except Exception:
-                self.reset()  # never leave the members and the cache out of step
-                raise
-        tokens = self.results.pop(id(proposer))
-        return None if tokens is None else tokens[:k]
 
     def stats(self) -> dict[str, int]:
         """/metrics "mtp_group": how the group's forwards were shared."""
@@ -152,7 +128,8 @@ class MtpGroup:
         plan = cache.begin(tokens.shape[1], explicit=explicit)
         return self.mtp.head(hidden, self.mtp.embed(tokens), _Shifted(cache.layers[0], bases), mask=plan.mask)
 
-    def _run(self, batch: list[tuple["GroupedMtpProposer", RowView]], widths: dict[int, int]) -> None:
+    def _run(self, batch: list[tuple["GroupedMtpProposer", RowView]], widths: list[int]) -> None:
+        wanted = {id(p): w for (p, _), w in zip(batch, widths)}
         last: dict[int, mx.array] = {}  # id(proposer) -> its MTP hidden [D] at its pending token's predecessor
         feeds: dict[int, tuple[mx.array, list[int]]] = {}  # id(member) -> (states, tokens) to write
         joins: list[tuple[GroupedMtpProposer, int, mx.array, list[int]]] = []
@@ -176,7 +153,7 @@ class MtpGroup:
         for p, first, hidden, tokens in joins:
             last[id(p)] = self._join(p, first, hidden, tokens)
         if last:
-            self._chain(last, [widths[i] for i in last])
+            self._chain(last, [wanted[i] for i in last])
 
     def _catch_up(self, feeds: dict[int, tuple[mx.array, list[int]]]) -> dict[int, mx.array]:
         """Every fed member writes its states in one forward padded to the longest."""
