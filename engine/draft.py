@@ -206,18 +206,7 @@ class DraftModelGroup(RoundGroup):
         self.draft_model = draft
         self.runner = draft.runner
         self.cache = self.runner.new_cache()
-        self.members: list[DraftProposer] = []
-        # counters (benches, tests): batched forwards over the group (catch-ups and chain
-        # steps; `catch_ups` of them), the forwards drafting row by row would have run
-        # for the same drafts, single-row forwards of joining rows, chains, rows
-        # drafted, tokens fed catching up
-        self.forwards = 0
-        self.catch_ups = 0
-        self.row_forwards = 0
-        self.joins = 0
-        self.chains = 0
-        self.rows_drafted = 0
-        self.fed = 0
+        self.fed = 0  # tokens fed catching up (the other counters: RoundGroup)
 
     def stats(self) -> dict[str, int]:
         """/metrics "draft_model": how the group's forwards were shared."""
@@ -226,12 +215,6 @@ class DraftModelGroup(RoundGroup):
                 "rows_drafted": self.rows_drafted, "fed_tokens": self.fed}
 
     # --- membership ---------------------------------------------------------------------
-    def index(self, proposer: "DraftProposer") -> int | None:
-        for b, p in enumerate(self.members):
-            if p is proposer:
-                return b
-        return None
-
     def release(self, proposer: "DraftProposer") -> None:
         """The row is gone: its slot leaves the batch."""
         b = self.index(proposer)

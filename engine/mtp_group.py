@@ -66,16 +66,6 @@ class MtpGroup(RoundGroup):
         super().__init__()
         self.mtp = mtp
         self.cache = RowKVCache(1)
-        self.members: list[GroupedMtpProposer] = []
-        # counters (tests, /metrics): batched forwards over the group (catch-ups and chain
-        # steps), single-row forwards of joining rows, the forwards drafting row by row
-        # would have run for the same drafts, chains, rows drafted
-        self.forwards = 0
-        self.catch_ups = 0
-        self.joins = 0
-        self.row_forwards = 0
-        self.chains = 0
-        self.rows_drafted = 0
 
     def stats(self) -> dict[str, int]:
         """/metrics "mtp_group": how the group's forwards were shared."""
@@ -84,12 +74,6 @@ class MtpGroup(RoundGroup):
                 "rows_drafted": self.rows_drafted}
 
     # --- membership ------------------------------------------------------------------------
-    def index(self, proposer: "GroupedMtpProposer") -> int | None:
-        for b, p in enumerate(self.members):
-            if p is proposer:
-                return b
-        return None
-
     def release(self, proposer: "GroupedMtpProposer") -> None:
         """The row is gone: its slot leaves the batch."""
         b = self.index(proposer)

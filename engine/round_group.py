@@ -13,11 +13,29 @@ from .proposal import RowView
 
 class RoundGroup:
     """Subclasses implement `_run(batch, widths)` (fill `results[id(proposer)]` with the
-    row's tokens, or None where it has none) and `reset()` (drop every row's state)."""
+    row's tokens, or None where it has none) and `reset()` (drop every row's state);
+    row b of their batched cache belongs to `members[b]`."""
 
     def __init__(self) -> None:
         self.offered: list[tuple[Any, RowView]] = []
         self.results: dict[int, list[int] | None] = {}
+        self.members: list[Any] = []
+        # counters (benches, tests, /metrics): batched forwards over the group (catch-ups
+        # and chain steps; `catch_ups` of them), the forwards drafting row by row would
+        # have run for the same drafts, single-row forwards of joining rows, chains, rows drafted
+        self.forwards = 0
+        self.catch_ups = 0
+        self.row_forwards = 0
+        self.joins = 0
+        self.chains = 0
+        self.rows_drafted = 0
+
+    def index(self, proposer: Any) -> int | None:
+        """The proposer's row in the batched cache, or None."""
+        for b, p in enumerate(self.members):
+            if p is proposer:
+                return b
+        return None
 
     def start_round(self) -> None:
         self.offered = []
