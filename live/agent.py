@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .ground_truth import expected_state, label_call, snapshot, task_outcome
+from .ground_truth import expected_state, label_call, longest_repeat, snapshot, task_outcome
 from .sandbox import SYSTEM_PROMPT, TOOLS, run_tool
 from .world import LONG_KINDS, Task
 
@@ -90,7 +90,9 @@ class TaskRecord:
         out["prompt_tokens"] = sum(t.prompt_tokens for t in self.turns)
         out["completion_tokens"] = sum(t.completion_tokens for t in self.turns)
         out["cached_tokens"] = sum(t.cached_tokens for t in self.turns)
-        out["truth_outcome"] = task_outcome([c for t in self.turns for c in t.calls])
+        calls = [c for t in self.turns for c in t.calls]
+        out["truth_outcome"] = task_outcome(calls)
+        out["longest_repeat"] = longest_repeat(calls)  # >= LOOP_REPEATS: the task looped
         return out
 
 

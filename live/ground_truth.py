@@ -123,3 +123,19 @@ def task_outcome(calls: list[dict[str, Any]]) -> str | None:
         for path in c.get("changed", []):
             last_ok[path] = path not in c.get("bad_after", [])
     return "recovered" if all(last_ok.get(p, False) for p in touched) else "unrecovered"
+
+
+LOOP_REPEATS = 3  # the same call this many times in a row is a loop
+
+
+def longest_repeat(calls: list[dict[str, Any]]) -> int:
+    """The longest run of consecutive calls with the same name and arguments (0 without
+    calls): a model repeating a call whose result it already has is stuck."""
+    best = run = 0
+    prev: tuple[Any, Any] | None = None
+    for c in calls:
+        key = (c.get("name"), c.get("arguments"))
+        run = run + 1 if key == prev else 1
+        prev, best = key, max(best, run)
+    return best
+

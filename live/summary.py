@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from jumpahead.traces.accounting import RETRIES, price, recovery_s, time_to_success
+from .ground_truth import LOOP_REPEATS, longest_repeat
 
 BASELINE = "ordinary"
 NOT_ARM_POLICIES = ("fit",)  # run by every arm of the default model
@@ -378,7 +379,11 @@ def _ground_truth(recs: dict[int, dict[str, Any]]) -> dict[str, Any]:
     calls = [c for r in recs.values() for t in r.get("turns", []) for c in t.get("calls", []) if "truth" in c]
     outcomes = [r.get("truth_outcome") for r in recs.values()]
     return {"calls": {k: sum(1 for c in calls if c["truth"] == k) for k in ("right", "harmless", "wrong")},
-            "tasks": {k: outcomes.count(k) for k in ("recovered", "unrecovered", "unnoticed")}}
+            "tasks": {k: outcomes.count(k) for k in ("recovered", "unrecovered", "unnoticed")},
+            # tasks where the model repeated one call LOOP_REPEATS times in a row (a loop),
+            # read from the calls, so records written before the field count too
+            "looped_tasks": sum(1 for r in recs.values() if longest_repeat(
+                [c for t in r.get("turns", []) for c in t.get("calls", [])]) >= LOOP_REPEATS)}
 
 
 NOTES = [

@@ -92,4 +92,22 @@ def test_a_jump_into_a_silently_wrong_write_counts_as_wrong_in_the_summary() -> 
     s = summarize(records, ["ordinary", "j"])["per_arm"]["j"]
     assert s["recovery"]["wrong"] == 1 and s["recovery"]["unrecovered_tasks"] == 1
     assert s["ground_truth"] == {"calls": {"right": 0, "harmless": 0, "wrong": 1},
-                                 "tasks": {"recovered": 0, "unrecovered": 0, "unnoticed": 1}}
+                                 "tasks": {"recovered": 0, "unrecovered": 0, "unnoticed": 1}, "looped_tasks": 0}
+
+
+def test_a_repeated_call_is_a_loop() -> None:
+    """The same call three times in a row (seen live: a long task's write repeated until
+    the step limit) is a loop; the same call with other calls between, or twice, is not."""
+    from jumpahead.live.ground_truth import longest_repeat
+
+    w = {"name": "write_file", "arguments": '{"path":"a.py","content":"x"}'}
+    r = {"name": "read_file", "arguments": '{"path":"a.py"}'}
+    assert longest_repeat([]) == 0 and longest_repeat([w, r, w, r, w]) == 1 and longest_repeat([r, w, w]) == 2
+    assert longest_repeat([r, w, w, w, r]) == 3
+    other = {**w, "arguments": '{"path":"a.py","content":"y"}'}
+    assert longest_repeat([w, other, w]) == 1
+    looped = {"wall_s": 1.0, "completion_tokens": 3, "fill": {"tokens": {"sampled": 3}}, "calls": [w, w, w]}
+    fine = {**looped, "calls": [w, r, w]}
+    records = [{"arm": "ordinary", "seed": s, "success": False, "status": "step_limit", "wall_s": 1.0, "turns": [t]}
+               for s, t in ((1, looped), (2, fine))]
+    assert summarize(records, ["ordinary"])["per_arm"]["ordinary"]["ground_truth"]["looped_tasks"] == 1
