@@ -163,7 +163,7 @@ def run_task(client: Any, task: Task, workspace: Path, arm_name: str, request_fi
             for c in calls:
                 args, problem = _arguments(c.function.arguments)
                 before = snapshot(workspace)
-                result = problem if args is None else run_tool(workspace, c.function.name, args)
+                result = problem if args is None else run_tool(workspace, c.function.name, args, task.snippets)
                 turn.calls.append({"name": c.function.name, "arguments": c.function.arguments,
                                    "error": result.startswith("Error"), "result": result[:RESULT_KEEP],
                                    **label_call(before, snapshot(workspace), expected, result)})

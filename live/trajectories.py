@@ -136,6 +136,7 @@ class _Recorder:
 
     def __init__(self, task: Task, ws: Path) -> None:
         self.ws = ws
+        self.snippets = task.snippets
         self.messages: list[dict[str, Any]] = [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": task.prompt},
@@ -154,7 +155,7 @@ class _Recorder:
             "tool_calls": [{"id": call_id, "type": "function",
                             "function": {"name": name, "arguments": json.dumps(args)}}],
         })
-        result = run_tool(self.ws, name, args)
+        result = run_tool(self.ws, name, args, self.snippets)
         self.messages.append({"role": "tool", "tool_call_id": call_id, "name": name, "content": result})
         return result
 
@@ -231,7 +232,7 @@ def _skip_edit(rec: _Recorder, task: Task, rng: random.Random) -> None:
     """The ideal calls with one Python edit left out until the next check shows it."""
     with workspace(prefix="jumpahead-traj-") as scratch:  # the check results of the ideal run
         task.setup(scratch)
-        ideal_results = [run_tool(scratch, name, args) for name, args in task.ideal]
+        ideal_results = [run_tool(scratch, name, args, task.snippets) for name, args in task.ideal]
     skip = rng.choice(_skippable(task))
     check_at = next(i for i, (n, _) in enumerate(task.ideal) if n == "bash" and i > skip)
     for i, (name, args) in enumerate(task.ideal):

@@ -70,6 +70,12 @@ class Task:
     names: tuple[str, ...] = ()  # long kinds: the identifiers drawn from the split's vocabulary
     _check: Callable[[Path, str], bool] | None = field(default=None, repr=False)
 
+    @property
+    def snippets(self) -> bool:
+        """Whether write/edit results show the changed lines (live/sandbox.py): the long
+        kinds do; the short kinds keep the result text the shipped adapter learned."""
+        return self.kind in LONG_KINDS
+
     def setup(self, workspace: Path) -> None:
         """Write the task's starting files into `workspace`."""
         for rel, text in self.files.items():
