@@ -88,6 +88,16 @@ def run(drafter: str | None, model: str | None = None, tokens: int = 96, repeats
             if [r["tokens"] for r in res["rows"]] != want:
                 mismatches.append(f"{label}: arm {arm} differs from {reference}")
 
+    def alone(prompts: list[list[int]], arms: dict[str, list[str]], key: str, label: str, flip: bool,
+              r: int) -> None:
+        """Each prompt alone (B=1) under every arm, back to back; outputs checked."""
+        for i, p in enumerate(prompts):
+            got = {}
+            for arm in (reversed(list(arms)) if flip else arms):
+                got[arm] = _rows(engine, [p], [arms[arm]], tokens)
+                results.setdefault(f"{key}_{arm}", []).append(got[arm]["rows"][0])
+            check(f"{label} prompt {i} repeat {r}", got, "ordinary")
+
     arms_b1 = {"ordinary": [], "drafter": ["drafter"]}
     arms_two = {"ordinary": [], "draft": ["draft"]} if draft_folder else {}
     draft_counts: dict[str, list[dict[str, int]]] = {}
@@ -95,12 +105,7 @@ def run(drafter: str | None, model: str | None = None, tokens: int = 96, repeats
     arms_mixed = {"ordinary": [], "echo": ["echo"], "echo+drafter": ["echo", "drafter"]}
     for r in range(repeats):
         flip = r % 2 == 1
-        for i, p in enumerate(plain):
-            got = {}
-            for arm in (reversed(list(arms_b1)) if flip else arms_b1):
-                got[arm] = _rows(engine, [p], [arms_b1[arm]], tokens)
-                results.setdefault(f"b1_{arm}", []).append(got[arm]["rows"][0])
-            check(f"B=1 prompt {i} repeat {r}", got, "ordinary")
+        alone(plain, arms_b1, "b1", "B=1", flip, r)
         got = {}
         config = engine.scheduler.config
         for arm in (("drafter_latency", *reversed(list(arms_b1))) if flip else (*arms_b1, "drafter_latency")):
@@ -125,12 +130,7 @@ def run(drafter: str | None, model: str | None = None, tokens: int = 96, repeats
         check(f"mixed batch repeat {r}", got, "ordinary")
         if not arms_two:
             continue
-        for i, p in enumerate(plain):
-            got = {}
-            for arm in (reversed(list(arms_two)) if flip else arms_two):
-                got[arm] = _rows(engine, [p], [arms_two[arm]], tokens)
-                results.setdefault(f"two_b1_{arm}", []).append(got[arm]["rows"][0])
-            check(f"two-model B=1 prompt {i} repeat {r}", got, "ordinary")
+        alone(plain, arms_two, "two_b1", "two-model B=1", flip, r)
         got = {}
         for arm in (("draft_latency", *reversed(list(arms_two))) if flip else (*arms_two, "draft_latency")):
             before = engine.draft.group.stats()
