@@ -9,8 +9,11 @@ tokens differ from ordinary decoding's fails the benchmark (exit 1), whatever th
    in the drafter's training data): drafter vs ordinary at B=1 (goal >= 1.5x) and as
    one batch of 4 (goal >= 1.1x, never below 0.98); tokens per round and accepted
    draft length (mean and histogram).
-2. copy-heavy turns (bench/echo.py's): echo vs echo + drafter (goal: at least echo alone).
-3. a mixed batch of 4 (two copy-heavy, two plain): echo vs echo + drafter vs ordinary.
+2. copy-heavy turns (bench/echo.py's): echo vs echo + drafter (goal: at least echo alone),
+   and echo + drafter without composition (`SchedulerConfig.compose_copies` off: the
+   drafter drafts even where the row's echo copy outranks it).
+3. a mixed batch of 4 (two copy-heavy, two plain): echo vs echo + drafter (with and
+   without composition) vs ordinary.
 4. the two-model draft (`--draft-model`, default `truncated:8`: the default model's first
    8 blocks; `none` skips it) on the same held-out turns, vs ordinary at B=1 and as one
    batch of 4 (both objectives), with the draft group's forward counts: every row's
@@ -39,13 +42,14 @@ from jumpahead.engine.engine import Engine, EngineConfig
 from jumpahead.live.train_drafter import NOTHING_TO_COPY
 
 DEFAULT_DRAFT_MODEL = "truncated:8"
+UNCOMPOSED = "echo+drafter/uncomposed"  # the composition's ablation arm
 _GROUP_COUNTS = ("forwards", "row_forwards", "chains", "rows_drafted", "fed_tokens")  # DraftModelGroup.stats
 
 
 def _method_stats(rows: list[dict[str, Any]], method: str) -> dict[str, Any]:
     """Proposals, accepted draft length (mean, histogram) and tokens per round, summed over rows."""
     hist: list[int] = []
-    proposals = accepted = drafted = rounds = tokens = 0
+    proposals = accepted = drafted = rounds = tokens = sat_out = 0
     propose_ms = 0.0
     for r in rows:
         fill = r["fill"] or {}
@@ -54,6 +58,7 @@ def _method_stats(rows: list[dict[str, Any]], method: str) -> dict[str, Any]:
         accepted += m.get("accepted", 0)
         drafted += m.get("proposed", 0)
         propose_ms += m.get("propose_ms", 0.0)
+        sat_out += m.get("sat_out", 0)
         for i, n in enumerate(m.get("accepted_histogram", [])):
             hist += [0] * (i + 1 - len(hist))
             hist[i] += n
@@ -63,7 +68,8 @@ def _method_stats(rows: list[dict[str, Any]], method: str) -> dict[str, Any]:
             "mean_accepted_length": round(accepted / proposals, 3) if proposals else 0.0,
             "acceptance_rate": round(accepted / drafted, 3) if drafted else 0.0,
             "accepted_histogram": hist, "propose_ms_per_proposal": round(propose_ms / proposals, 3) if proposals
-            else 0.0, "tokens_per_round": round(tokens / rounds, 3) if rounds else 0.0}
+            else 0.0, "tokens_per_round": round(tokens / rounds, 3) if rounds else 0.0,
+            "sat_out": sat_out}
 
 
 def run(drafter: str | None, model: str | None = None, tokens: int = 96, repeats: int = 3,
@@ -101,8 +107,18 @@ def run(drafter: str | None, model: str | None = None, tokens: int = 96, repeats
     arms_b1 = {"ordinary": [], "drafter": ["drafter"]}
     arms_two = {"ordinary": [], "draft": ["draft"]} if draft_folder else {}
     draft_counts: dict[str, list[dict[str, int]]] = {}
-    arms_copy = {"echo": ["echo"], "echo+drafter": ["echo", "drafter"]}
-    arms_mixed = {"ordinary": [], "echo": ["echo"], "echo+drafter": ["echo", "drafter"]}
+    both = ["echo", "drafter"]
+    arms_copy = {"echo": ["echo"], "echo+drafter": both, UNCOMPOSED: both}
+    arms_mixed = {"ordinary": [], "echo": ["echo"], "echo+drafter": both, UNCOMPOSED: both}
+
+    def composed(arm: str, prompts: list[list[int]], methods: list[list[str]]) -> dict[str, Any]:
+        """The arm's rows, with composition off for the UNCOMPOSED arm only."""
+        config = engine.scheduler.config
+        config.compose_copies = arm != UNCOMPOSED
+        try:
+            return _rows(engine, prompts, methods, tokens)
+        finally:
+            config.compose_copies = True
     for r in range(repeats):
         flip = r % 2 == 1
         alone(plain, arms_b1, "b1", "B=1", flip, r)
@@ -120,12 +136,12 @@ def run(drafter: str | None, model: str | None = None, tokens: int = 96, repeats
         for i, p in enumerate(copy):
             got = {}
             for arm in (reversed(list(arms_copy)) if flip else arms_copy):
-                got[arm] = _rows(engine, [p], [arms_copy[arm]], tokens)
+                got[arm] = composed(arm, [p], [arms_copy[arm]])
                 results.setdefault(f"copy_{arm}", []).append(got[arm]["rows"][0])
             check(f"copy-heavy prompt {i} repeat {r}", got, "echo")
         got = {}
         for arm in (reversed(list(arms_mixed)) if flip else arms_mixed):
-            got[arm] = _rows(engine, mixed, [arms_mixed[arm]] * 4, tokens)
+            got[arm] = composed(arm, mixed, [arms_mixed[arm]] * 4)
             results.setdefault(f"mixed_{arm}", []).append(got[arm])
         check(f"mixed batch repeat {r}", got, "ordinary")
         if not arms_two:
@@ -181,12 +197,20 @@ def run(drafter: str | None, model: str | None = None, tokens: int = 96, repeats
             "target": "ratio >= 1.0",
             "drafter": _method_stats(results["copy_echo+drafter"], "drafter"),
             "echo": _method_stats(results["copy_echo+drafter"], "echo"),
+            "composition": {  # the same arm with compose_copies off, side by side
+                "echo_and_drafter_vs_uncomposed": _summary(results["copy_echo+drafter"],
+                                                           results[f"copy_{UNCOMPOSED}"], "tps"),
+                "uncomposed_vs_echo": _summary(results[f"copy_{UNCOMPOSED}"], results["copy_echo"], "tps"),
+                "uncomposed_drafter": _method_stats(results[f"copy_{UNCOMPOSED}"], "drafter"),
+            },
         },
         "mixed_batch_4": {
             "echo_and_drafter_vs_echo": _summary(results["mixed_echo+drafter"], results["mixed_echo"], "agg_tps"),
             "echo_and_drafter_vs_ordinary": _summary(results["mixed_echo+drafter"], results["mixed_ordinary"],
                                                      "agg_tps"),
             "echo_vs_ordinary": _summary(results["mixed_echo"], results["mixed_ordinary"], "agg_tps"),
+            "echo_and_drafter_vs_uncomposed": _summary(results["mixed_echo+drafter"],
+                                                       results[f"mixed_{UNCOMPOSED}"], "agg_tps"),
         },
         "two_model": _two_model(results, draft_model, draft_counts) if arms_two else None,
     }

@@ -58,10 +58,19 @@ class EchoProposer:
         self.misses = 0
 
     def propose(self, view: RowView, max_len: int) -> Proposal | None:
+        if self.cooldown > 0:
+            self.index.update(view.tokens)
+            self.cooldown -= 1
+            return None
+        return self.peek(view, max_len)
+
+    def peek(self, view: RowView, max_len: int) -> Proposal | None:
+        """What `propose` would return this round, without using up a round of cooldown
+        (the scheduler asks before offering a row to a drafting group: a row whose copy
+        outranks any draft is not drafted for)."""
         tokens = view.tokens
         self.index.update(tokens)
         if self.cooldown > 0:
-            self.cooldown -= 1
             return None
         for k in range(min(self.MAX_MATCH, len(tokens) - 1), self.MIN_MATCH - 1, -1):
             end = self.index.continuation(tokens, k)

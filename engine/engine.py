@@ -90,14 +90,14 @@ class Engine:
         self.scheduler = Scheduler(
             self.runner,
             SchedulerConfig(
-                self.config.max_batch,
-                self.config.prefill_chunk,
-                self.config.prefill_chunk_busy,
-                self.config.max_proposal,
-                self.config.max_asserted,
-                self.config.cost_aware,
-                self.config.pipeline_greedy,
-                self.config.objective,
+                max_batch=self.config.max_batch,
+                prefill_chunk=self.config.prefill_chunk,
+                prefill_chunk_busy=self.config.prefill_chunk_busy,
+                max_proposal=self.config.max_proposal,
+                max_asserted=self.config.max_asserted,
+                cost_aware=self.config.cost_aware,
+                pipeline_greedy=self.config.pipeline_greedy,
+                objective=self.config.objective,
             ),
         )
         self.draft = None  # DraftModel, set by attach_draft

@@ -138,14 +138,16 @@ class ProposalStats:
     declined: dict[str, str] = field(default_factory=dict)  # proposer -> reason
     # verified proposals per proposer: proposals (carried), proposed, accepted, histogram
     # of accepted lengths (index = tokens accepted), time spent proposing (every ask),
-    # outranked (proposals not carried: another proposal of the round was preferred)
+    # outranked (proposals not carried: another proposal of the round was preferred),
+    # sat_out (rounds a grouped drafter was not asked: the row's copy outranked any
+    # draft it could make, so no chain was run for the row)
     methods: dict[str, dict] = field(default_factory=dict)
 
     def method(self, name: str) -> dict:
         m = self.methods.get(name)
         if m is None:
             m = self.methods[name] = {"proposals": 0, "proposed": 0, "accepted": 0, "accepted_histogram": [],
-                                      "propose_ms": 0.0, "outranked": 0}
+                                      "propose_ms": 0.0, "outranked": 0, "sat_out": 0}
         return m
 
     def note_verified(self, name: str, proposed: int, accepted: int) -> None:

@@ -41,6 +41,10 @@ class SchedulerConfig:
     max_proposal: int = 16  # most verified proposal tokens one row carries into a round
     max_asserted: int = 64  # most asserted tokens (strict, jump, scripted) in one round
     cost_aware: bool = True  # cap verified proposals by expected gain (engine/width_policy.py)
+    # A row whose copy (echo) is expected to land at least what a grouped drafter's
+    # draft could is not drafted for that round (`_offer_round_groups`): on copy-heavy
+    # agent turns the drafter's chain was paid and then set aside. Off: the ablation.
+    compose_copies: bool = True
     # Queue each plain greedy round before reading the last one (mlx-lm's generate_step
     # does). None = on a GPU only: on this 2-core CPU the overlap thread competes with
     # the compute threads, and unpipelined rounds measured 2% faster at B=1 and 10% at
@@ -84,6 +88,7 @@ class Scheduler:
         self.prefix_cache: PrefixCache | None = None  # set by the Engine (engine/prefix_cache.py)
         self._ahead: tuple[list[Row], mx.array] | None = None  # queued greedy round
         self.width_policy = WidthPolicy()
+        self._sat_out: set[int] = set()  # this round's grouped proposers a copy outranked
         pipeline = config.pipeline_greedy
         self.pipeline = mx.default_device() == mx.gpu if pipeline is None else pipeline
         # A queued round advances recurrent state past the rows' ends; only attention
@@ -237,6 +242,8 @@ class Scheduler:
             for proposer in proposers:
                 if (unpaid or asserted_only) and proposer.name in VERIFIED_KINDS:
                     continue
+                if id(unwrapped(proposer)) in self._sat_out:
+                    continue  # a copy outranked its draft before the group drafted (_offer_round_groups)
                 asked = time.perf_counter()
                 prop = proposer.propose(view, budget)
                 if proposer.name in VERIFIED_KINDS:
@@ -330,6 +337,7 @@ class Scheduler:
         cannot pay this round (the same test `_propose` skips its verifying proposers by)
         is not offered: the batched chain drafts only for rows that will ask."""
         started: set[int] = set()
+        self._sat_out = set()
         batch = max(1, len(self.running))
         for row in rows:
             # (a proposer wrapped for a constrained row, engine/grammar.py, is offered as itself)
@@ -338,10 +346,62 @@ class Scheduler:
                 if id(proposer.round_group) not in started:
                     started.add(id(proposer.round_group))
                     proposer.round_group.start_round()
-            if grouped and not (self.config.cost_aware and
-                                self.width_policy.threshold(batch, self._worth(row)) >= 1.0):
-                for proposer in grouped:
-                    proposer.round_group.offer(proposer, row.view())
+            if not grouped:
+                continue
+            worth = self._worth(row) if self.config.cost_aware else 0.0
+            if self.config.cost_aware and self.width_policy.threshold(batch, worth) >= 1.0:
+                continue
+            view = row.view()
+            copy = self._copy_estimate(row, view, batch, worth) if self.config.compose_copies else None
+            for proposer in grouped:
+                if copy is not None and self._copy_outranks(row, proposer, copy, view, batch, worth):
+                    # Its proposal would be set aside for the copy in `_propose`: the
+                    # group does not draft for the row, so the row pays no chain.
+                    self._sat_out.add(id(proposer))
+                    row.stats.method(proposer.name)["sat_out"] += 1
+                    self.totals.method(proposer.name)["sat_out"] += 1
+                    continue
+                proposer.round_group.offer(proposer, view)
+
+    def _sized_expectation(self, rate: float, tokens: int, batch: int, worth: float) -> float:
+        """Expected accepted tokens of a verified proposal after the width policy's cap."""
+        if self.config.cost_aware:
+            tokens = self.width_policy.cap(rate, tokens, batch, worth)
+        return expected_accepted(rate, tokens) if tokens > 0 else 0.0
+
+    def _copy_estimate(self, row: Row, view, batch: int, worth: float) -> tuple[float, int] | None:
+        """(expected accepted tokens, proposer order) of the best copy the row's copying
+        proposers (those that can `peek`: echo) would propose this round, or None."""
+        budget = min(self.config.max_proposal, view.budget - 1)
+        best = None
+        for order, proposer in enumerate(map(unwrapped, row.proposers)):
+            peek = getattr(proposer, "peek", None)
+            if peek is None or budget <= 0:
+                continue
+            asked = time.perf_counter()
+            prop = peek(view, budget)
+            ms = (time.perf_counter() - asked) * 1000  # proposer time (H), as every ask in _propose
+            row.stats.method(proposer.name)["propose_ms"] += ms
+            self.totals.method(proposer.name)["propose_ms"] += ms
+            if prop is None or not prop.tokens:
+                continue
+            prop.proposer = proposer
+            acc = row.acceptance.get(self._acceptance_key(prop)) or Acceptance(prior_rate=prior_rate(prop.match))
+            expected = self._sized_expectation(acc.rate, min(budget, len(prop.tokens)), batch, worth)
+            if best is None or expected > best[0]:
+                best = (expected, order)
+        return best
+
+    def _copy_outranks(self, row: Row, proposer, copy: tuple[float, int], view, batch: int, worth: float) -> bool:
+        """Whether the row's copy is expected to land at least as many tokens as the
+        grouped proposer's draft at its current length could (ties: proposer order, as
+        in `_propose`)."""
+        budget = min(self.config.max_proposal, view.budget - 1)
+        acc = row.acceptance.get(proposer.name) or Acceptance(prior_rate=prior_rate(0))
+        draft = self._sized_expectation(acc.rate, min(budget, getattr(proposer, "k", budget)), batch, worth)
+        order = next((i for i, p in enumerate(map(unwrapped, row.proposers)) if p is proposer), len(row.proposers))
+        expected, copy_order = copy
+        return expected > draft or (expected == draft and copy_order < order)
 
     def _drop_unpaid(self, rows: list[Row], props: list[Proposal | None]) -> None:
         """Drop this round's verified proposals when together they do not pay for
@@ -431,6 +491,7 @@ class Scheduler:
         rows = self.running
         self._offer_round_groups(rows)
         props = [self._propose(r) for r in rows]
+        self._sat_out = set()  # this round's only (ids must not outlive their proposers)
         if self.config.cost_aware:
             self._drop_unpaid(rows, props)
         t0 = time.perf_counter()  # the width policy fits forward cost, not proposing time

@@ -93,6 +93,9 @@ def test_bench_draft_times_the_grouped_two_model_draft(tmp_path: Path) -> None:
     shared = two["b4_latency_objective"]["group_forwards"]
     assert 0 < shared["forwards"] < shared["row_forwards"]
     assert two["b4_latency_objective"]["draft"]["proposals"] > 0
+    # the composition's ablation ran beside it: with it off no round sits out
+    comp = doc["copy_heavy_b1"]["composition"]
+    assert comp["uncomposed_drafter"]["sat_out"] == 0 and comp["echo_and_drafter_vs_uncomposed"]["wall"]["ratio"] > 0
 
 
 def test_bench_draft_refuses_a_bad_draft_model_spec() -> None:

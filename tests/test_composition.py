@@ -255,3 +255,34 @@ def test_asserted_proposal_wins_over_verified_before_or_after(ceng):
         else:
             assert m.get("oracle", {}).get("outranked", 0) == 0 and fill["verified"]["later_won"] == 0
             assert oracle.proposed == oracle.fed_back  # never asked while the script proposed
+
+
+def test_a_row_whose_copy_outranks_the_draft_is_not_drafted_for(ceng):
+    """On a copy-heavy turn echo's long matches are expected to land more than the
+    drafter's draft could: with `compose_copies` those rounds the group drafts nothing
+    for the row (`sat_out`), so the drafter's chain covers fewer rows than with it off,
+    and the output is still ordinary greedy decoding's token for token. With it off no
+    round sits out (the count would be wrong if sat-out rounds were also drafted)."""
+    tok = ceng.tokenizer
+    prompt = chat_prompt(tok, PROMPTS[1])
+    plain = _plain(ceng, prompt, 48)
+    config, group = ceng.scheduler.config, ceng.drafter
+    runs = {}
+    config.objective = "latency"
+    try:
+        for compose in (True, False):
+            config.compose_copies = compose
+            before = group.rows_drafted
+            out = run_rows(ceng, [GenerationRequest(prompt=prompt, max_tokens=48, methods=["echo", "drafter"])])[0]
+            runs[compose] = (out, group.rows_drafted - before)
+    finally:
+        config.compose_copies = True
+        config.objective = "throughput"
+    (on, drafted_on), (off, drafted_off) = runs[True], runs[False]
+    assert on["tokens"] == plain and off["tokens"] == plain
+    sat_on = _methods(on["fill"])["drafter"]["sat_out"]
+    assert _methods(off["fill"]).get("drafter", {}).get("sat_out", 0) == 0
+    assert sat_on > 0, on["fill"]
+    assert drafted_on < drafted_off, (drafted_on, drafted_off, on["fill"])
+    # each sat-out round carried the copy that outranked the draft (or nothing wide)
+    assert _methods(on["fill"])["echo"]["proposals"] >= sat_on - on["fill"]["verified"].get("capped", 0)
