@@ -73,14 +73,35 @@ def group_table(summary: dict[str, Any]) -> str:
     groups = summary.get("kind_groups") or {}
     if len(groups) < 2:
         return ""
-    lines = ["", "| kinds | arm | solved | paired tasks | D s | P s | H s | R s | net D-P-H-R s |", "|" + "---|" * 9]
+    lines = ["", "| " + " | ".join(GROUP_COLUMNS) + " |", "|" + "---|" * len(GROUP_COLUMNS)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in _group_rows(groups)]
+    return "\n".join(lines) + "\n"
+
+
+GROUP_COLUMNS = ("kinds", "arm", "solved", "turns per task", "looped", "time to success s median",
+                 "paired tasks", "D s", "P s", "H s", "R s", "net D-P-H-R s")
+
+
+def _group_rows(groups: dict[str, Any]) -> list[list[str]]:
+    rows = []
     for name, group in groups.items():
         for arm, g in group.get("per_arm", {}).items():
-            lines.append("| " + " | ".join([f"{name} ({', '.join(group.get('kinds', []))})", arm,
-                                            f"{g['successes']}/{g['tasks']}", str(g["paired_tasks"]),
-                                            *(_fmt(g.get(k), 1) for k in ("D_s", "P_s", "H_s", "R_s", "net_s"))])
-                         + " |")
-    return "\n".join(lines) + "\n"
+            rows.append([f"{name} ({', '.join(group.get('kinds', []))})", arm, f"{g['successes']}/{g['tasks']}",
+                         _fmt(g.get("turns_per_task"), 1), str(g.get("looped_tasks", "")),
+                         _fmt((g.get("tts_s") or {}).get("median"), 2), str(g["paired_tasks"]),
+                         *(_fmt(g.get(k), 1) for k in ("D_s", "P_s", "H_s", "R_s", "net_s"))])
+    return rows
+
+
+def html_group_table(summary: dict[str, Any]) -> str:
+    """report.html's short/long split (the same cells as table.md's)."""
+    groups = summary.get("kind_groups") or {}
+    if len(groups) < 2:
+        return ""
+    head = "<tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in GROUP_COLUMNS) + "</tr>"
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
+                   for cells in _group_rows(groups))
+    return f"<h2>Short and long task kinds</h2><table>{head}{body}</table>"
 
 
 def figures(summary: dict[str, Any], records: list[dict[str, Any]]) -> list[Any]:
@@ -141,7 +162,7 @@ def write_report(summary: dict[str, Any], records: list[dict[str, Any]], out: Pa
             f"<h1>jumpahead live: {run.get('tasks_per_arm', '?')} tasks per arm</h1>"
             f"<p>adapter: {html.escape(str(run.get('adapter')))}; plain round "
             f"{_fmt(summary.get('plain_round_s'), 4)} s; run wall {_fmt(run.get('wall_s'), 1)} s</p>"
-            f"{table(summary)}<ul>{notes}</ul>{''.join(parts)}</body></html>")
+            f"{table(summary)}{html_group_table(summary)}<ul>{notes}</ul>{''.join(parts)}</body></html>")
     out = Path(out)
     out.write_text(page, encoding="utf-8")
     return out

@@ -287,7 +287,7 @@ def kind_group(kind: str) -> str:
 def kind_groups(by_arm: dict[str, dict[int, dict[str, Any]]], accounts: dict[str, dict[int, dict[str, Any]]],
                 arms: list[str]) -> dict[str, Any]:
     """Per kind group (short, long) present in the run, per arm: tasks, successes, their
-    rate, statuses, and the D/P/H/R totals over the group's paired tasks (net = D - P - H - R),
+    rate, statuses, turns per task, looped tasks, the time-to-success distribution, and the D/P/H/R totals over the group's paired tasks (net = D - P - H - R),
     the same accounts as per_arm split by the group of each seed's kind."""
     out: dict[str, Any] = {}
     for arm in arms:
@@ -296,11 +296,16 @@ def kind_groups(by_arm: dict[str, dict[int, dict[str, Any]]], accounts: dict[str
             group["kinds"].add(str(rec.get("kind")))
             row = group["per_arm"].setdefault(arm, {"tasks": 0, "successes": 0, "statuses": Counter(),
                                                     **{k: 0.0 for k in ("D_s", "P_s", "H_s", "R_s")},
-                                                    "paired_tasks": 0})
+                                                    "paired_tasks": 0, "looped_tasks": 0, "turns": 0, "tts": []})
             row["tasks"] += 1
             row["successes"] += int(bool(rec.get("success")))
             row["statuses"][str(rec.get("status"))] += 1
+            turns = rec.get("turns", [])
+            row["turns"] += len(turns)
+            row["looped_tasks"] += int(longest_repeat([c for t in turns for c in t.get("calls", [])]) >= LOOP_REPEATS)
             acc = accounts.get(arm, {}).get(seed)
+            if acc is not None and acc.get("tts_s") is not None:
+                row["tts"].append(float(acc["tts_s"]))
             if acc is not None and acc["R_s"] is not None:
                 row["paired_tasks"] += 1
                 for k in ("D_s", "P_s", "H_s", "R_s"):
@@ -310,6 +315,8 @@ def kind_groups(by_arm: dict[str, dict[int, dict[str, Any]]], accounts: dict[str
         for row in group["per_arm"].values():
             row["success_rate"] = round(row["successes"] / row["tasks"], 6) if row["tasks"] else None
             row["statuses"] = dict(sorted(row["statuses"].items()))
+            row["turns_per_task"] = round(row.pop("turns") / row["tasks"], 3) if row["tasks"] else None
+            row["tts_s"] = distribution(row.pop("tts"))  # time to success within the retry budget
             for k in ("D_s", "P_s", "H_s", "R_s"):
                 row[k] = round(row[k], 6)
             row["net_s"] = round(row["D_s"] - row["P_s"] - row["H_s"] - row["R_s"], 6)

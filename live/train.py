@@ -65,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="validation batches per evaluation (-1: all)")
     parser.add_argument("--save-every", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--resume-from", default=None, metavar="DIR",
+                        help="start from this adapter's weights (its rank, scale and layers are used): "
+                             "e.g. teach the shipped adapter the long kinds without retraining it all")
     parser.add_argument("--model", default=None, metavar="PATH", help="base model (default: the embedded one)")
 
 
@@ -224,6 +227,29 @@ def adapter_config(args: argparse.Namespace, model_name: str, n_layers: int) -> 
     }
 
 
+def resume_config(args: argparse.Namespace) -> dict[str, Any] | None:
+    """With --resume-from, take the adapter's shape (LoRA weights of another rank or
+    depth cannot be loaded into these layers) and say what it was; None without it."""
+    if not getattr(args, "resume_from", None):
+        return None
+    src = Path(args.resume_from).expanduser()
+    try:
+        prior = json.loads((src / "adapter_config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise AdapterResumeError(f"--resume-from {src}: no readable adapter_config.json ({e})") from e
+    if not (src / "adapters.safetensors").is_file():
+        raise AdapterResumeError(f"--resume-from {src}: no adapters.safetensors")
+    args.num_layers = int(prior["num_layers"])
+    args.rank = int(prior["lora_parameters"]["rank"])
+    args.scale = float(prior["lora_parameters"]["scale"])
+    return {"path": str(src), "iters": prior.get("iters"), "n_train": prior.get("n_train"),
+            "long_share": prior.get("long_share", 0.0), "result": prior.get("result")}
+
+
+class AdapterResumeError(ValueError):
+    """--resume-from names no usable adapter folder."""
+
+
 class _Speed:
     """A training callback that keeps mlx-lm's reports (tokens/s count loss tokens)."""
 
@@ -263,8 +289,13 @@ def train_adapter(args: argparse.Namespace, progress=print) -> dict[str, Any]:
     train_set = MaskedChatDataset(read_jsonl(data_dir / "train.jsonl"), tokenizer)
     valid_set = MaskedChatDataset(read_jsonl(data_dir / "valid.jsonl"), tokenizer)
     model.freeze()
+    resume = resume_config(args)
     config = adapter_config(args, info.name, info.n_layers)
     linear_to_lora_layers(model, config["num_layers"], config["lora_parameters"])
+    if resume is not None:
+        # mlx-lm's own resume (trainer's resume_adapter_file) loads the same way
+        model.load_weights(str(Path(args.resume_from).expanduser() / "adapters.safetensors"), strict=False)
+        config["resumed_from"] = resume
     from mlx.utils import tree_flatten
 
     n_params = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
@@ -336,6 +367,15 @@ def run(args: argparse.Namespace) -> int:
     if args.iters < 1 or args.n_train < args.batch_size:
         print("jumpahead: --iters must be >= 1 and --n-train >= --batch-size", file=sys.stderr)
         return 2
+    if args.resume_from:
+        from .adapter import resolve_adapter
+
+        try:
+            args.resume_from = str(resolve_adapter(args.resume_from))
+            resume_config(args)
+        except (AdapterResumeError, ValueError, OSError) as e:
+            print(f"jumpahead: {e}", file=sys.stderr)
+            return 2
     summary = train_adapter(args, progress=lambda s: print(s, file=sys.stderr, flush=True))
     print(json.dumps(summary, indent=2))
     return 0

@@ -14,7 +14,7 @@ import pytest
 from jumpahead.live.agent import LONG_TURN_TOKENS, STEP_SLACK, AgentOptions, budget
 from jumpahead.live.ground_truth import expected_state, label_call, snapshot
 from jumpahead.live.sandbox import SNIPPET_LINES, run_tool, workspace
-from jumpahead.live.report import group_table
+from jumpahead.live.report import group_table, html_group_table
 from jumpahead.live.summary import summarize
 from jumpahead.live.trajectories import applicable, build, generate, plan
 from jumpahead.live.world import ALL_KINDS, KINDS, LONG_KINDS, VOCAB, make_task, split_of, split_seeds
@@ -216,7 +216,11 @@ def test_a_long_task_gets_turns_for_its_ideal_calls():
 
 def test_summary_reports_kind_groups_separately():
     def rec(arm, seed, kind, success):
-        return {"arm": arm, "seed": seed, "kind": kind, "success": success, "wall_s": 1.0, "turns": [],
+        turns = []
+        if (arm, kind) == ("j", "fix_typo"):  # the same call three times in a row: a loop
+            call = {"name": "write_file", "arguments": {"path": "a.py", "content": "x"}}
+            turns = [{"calls": [call]} for _ in range(3)] + [{"calls": []}]
+        return {"arm": arm, "seed": seed, "kind": kind, "success": success, "wall_s": 1.0, "turns": turns,
                 "status": "answered" if success else "step_limit"}
 
     records = [rec(a, s, k, ok) for a in ("ordinary", "j")
@@ -227,9 +231,15 @@ def test_summary_reports_kind_groups_separately():
     short, long = groups["short"]["per_arm"]["j"], groups["long"]["per_arm"]["j"]
     assert (short["tasks"], short["successes"], short["success_rate"]) == (2, 1, 0.5)
     assert (long["tasks"], long["successes"], long["statuses"]) == (1, 1, {"answered": 1})
+    assert (short["looped_tasks"], short["turns_per_task"], long["looped_tasks"]) == (1, 2.0, 0)
+    assert groups["short"]["per_arm"]["ordinary"]["looped_tasks"] == 0
     summary = summarize(records, ["ordinary", "j"])
     table = group_table(summary)
-    assert "| long (add_feature) | j | 1/1 |" in table and "| short (create_file, fix_typo) | j | 1/2 |" in table
+    assert "| long (add_feature) | j | 1/1 | 0.0 | 0 |" in table
+    assert "| short (create_file, fix_typo) | j | 1/2 | 2.0 | 1 |" in table
+    page = html_group_table(summary)
+    assert "<td>long (add_feature)</td><td>j</td><td>1/1</td>" in page and "looped" in page
+    assert html_group_table(summarize(records[:2], ["ordinary", "j"])) == ""
     assert group_table(summarize(records[:2], ["ordinary", "j"])) == ""
 
 

@@ -345,3 +345,35 @@ def test_shipped_adapter_when_present():
     assert resolve_adapter("smol-agent") == folder.resolve()
     assert (folder / "adapters.safetensors").stat().st_size < 16 << 20
     assert os.path.getsize(folder / "adapter_config.json") < 16 << 10
+
+
+def test_training_resumes_from_an_adapter(tmp_path):
+    """--resume-from starts from the adapter's own weights and shape: at learning rate 0
+    one step writes them back unchanged (a fresh LoRA init would differ), the config says
+    where it came from, and a folder that is no adapter is a CLI error (exit 2)."""
+    import argparse
+
+    import mlx.core as mx
+
+    from jumpahead.app.cli import main
+    from jumpahead.live.adapter import SHIPPED_DIR
+    from jumpahead.live.train import add_arguments, train_adapter
+
+    shipped = SHIPPED_DIR / "smol-agent"
+    if not (shipped / "adapters.safetensors").exists():
+        pytest.skip("no shipped adapter (jumpahead train-adapter --out live/adapters/smol-agent)")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    out = tmp_path / "resumed"
+    args = parser.parse_args(["--iters", "1", "--n-train", "2", "--n-valid", "0", "--batch-size", "1",
+                              "--num-layers", "2", "--rank", "4", "--max-seq-length", "640",
+                              "--learning-rate", "0", "--resume-from", str(shipped), "--out", str(out)])
+    train_adapter(args, progress=lambda s: None)
+    config = json.loads((out / "adapter_config.json").read_text())
+    prior = json.loads((shipped / "adapter_config.json").read_text())
+    assert config["num_layers"] == prior["num_layers"] and config["lora_parameters"] == prior["lora_parameters"]
+    assert config["resumed_from"]["path"] == str(shipped) and config["resumed_from"]["iters"] == prior["iters"]
+    before, after = mx.load(str(shipped / "adapters.safetensors")), mx.load(str(out / "adapters.safetensors"))
+    assert set(before) == set(after)
+    assert all(mx.array_equal(before[k], after[k]).item() for k in before)
+    assert main(["train-adapter", "--resume-from", str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 2
