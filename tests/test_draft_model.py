@@ -297,3 +297,22 @@ def test_sliding_window_draft_in_a_batch(tmp_path):
         assert accepted >= 0.8 * proposed > 0, methods
     finally:
         eng.close()
+
+
+def test_a_draft_row_sits_out_behind_a_long_copy_and_drafts_again(deng, loaded_model):
+    """methods ["echo", "draft"] on a copy-heavy row beside a plain one: rounds where the
+    copy outranks the draft run no draft for the row (`sat_out`), the row's draft state
+    catches up when it drafts again, and both rows equal ordinary greedy decoding."""
+    from tests.test_proposals import CODE
+
+    tok = deng.tokenizer
+    prompts = [chat_prompt(tok, f"Repeat this code exactly:\n```python\n{CODE}```"), chat_prompt(tok, PROMPTS[0])]
+    plain = run_rows(deng, [GenerationRequest(prompt=p, max_tokens=48, methods=["off"]) for p in prompts])
+    got = run_rows(deng, [GenerationRequest(prompt=p, max_tokens=48, methods=["echo", "draft"]) for p in prompts])
+    for p, g, want in zip(prompts, got, plain):
+        assert_same_or_near_tie(loaded_model[0], p, g["tokens"], want["tokens"])
+    copy_row = got[0]["fill"]["methods"]
+    assert copy_row["draft"]["sat_out"] > 0 and copy_row["echo"]["accepted"] > 0, got[0]["fill"]
+    assert sum(g["fill"]["methods"]["draft"]["proposals"] for g in got) > 0
+    deng.flush_prefix_cache()
+    assert deng.draft.group.members == []
