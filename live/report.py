@@ -68,10 +68,11 @@ def markdown_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n" + group_table(summary)
 
 
-def group_table(summary: dict[str, Any]) -> str:
-    """Short and long kinds apart (summary `kind_groups`), where a run has both."""
+def group_table(summary: dict[str, Any], min_groups: int = 2) -> str:
+    """Short and long kinds apart (summary `kind_groups`), where a run has at least
+    `min_groups` of them (table.md: both; the write-up: also a run of long kinds only)."""
     groups = summary.get("kind_groups") or {}
-    if len(groups) < 2:
+    if len(groups) < min_groups:
         return ""
     lines = ["", "| " + " | ".join(GROUP_COLUMNS) + " |", "|" + "---|" * len(GROUP_COLUMNS)]
     lines += ["| " + " | ".join(cells) + " |" for cells in _group_rows(groups)]

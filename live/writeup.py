@@ -107,7 +107,7 @@ def command_of(summary: dict[str, Any]) -> str:
             + "  # reconstructed: this run's runner did not record its command line")
 
 
-def _caption(kind: str, n: int, text: str, command: str) -> str:
+def _caption(kind: str, n: int | str, text: str, command: str) -> str:
     return f"*{kind} {n}. {text} Run: `{command}`.*"
 
 
@@ -219,6 +219,7 @@ def render(summary: dict[str, Any], figs: str = Path(DEFAULT_OUT).stem) -> str:
     lines += ["Against the ordinary arm:", ""] + [f"- {wt.success_sentence(summary, a)}" for a in cmp]
     lines += [f"- {wt.saving_sentence(summary, a)}" for a in cmp]
     lines += [f"- {wt.r_sentence(summary, a)}" for a in cmp] + [""]
+    lines += _kind_groups_section(summary, command)
     lines += ["## Ground truth", "",
               "Each call is judged by its effect on the workspace against the state the task's ideal solution "
               "leaves (live/ground_truth.py), not by its result text: `right`, `harmless` (changed nothing, did "
@@ -244,6 +245,18 @@ def render(summary: dict[str, Any], figs: str = Path(DEFAULT_OUT).stem) -> str:
     return "\n".join(lines)
 
 
+def _kind_groups_section(summary: dict[str, Any], command: str) -> list[str]:
+    """Short and long task kinds apart (summary `kind_groups`), where the run has long ones."""
+    from .report import group_table
+
+    if "long" not in (summary.get("kind_groups") or {}):
+        return []
+    return ["## Short and long task kinds", "", group_table(summary, min_groups=1).strip(), "",
+            _caption("Table", "2b", "Per kind group and arm: solved, turns per task, looped tasks (one call "
+                     "repeated three times in a row), median time to success, and D, P, H, R over the group's "
+                     "paired seeds.", command), ""]
+
+
 def _limits_section(summary: dict[str, Any]) -> list[str]:
     run = summary.get("run") or {}
     served, mach, agent = run.get("served") or {}, run.get("machine") or {}, run.get("agent") or {}
@@ -258,11 +271,16 @@ def _limits_section(summary: dict[str, Any]) -> list[str]:
                "plain round and another cost of carrying supplied tokens.",
              "- A synthetic task world (live/world.py): small file edits and commands with an independent check "
              "on the workspace, not real repositories.",
-             "- Short tasks: "
-             + (f"the ideal solutions need {' or '.join(steps)} tool call(s)" if steps
-                else "the task kinds of live/world.py")
-             + (f", at most {wt.num(agent.get('max_steps'))} model turns per task" if agent.get("max_steps") else "")
-             + "; long, reasoning-heavy tasks may change every figure here.",
+             ("- Short and long tasks, reported apart above; the long kinds' figures rest on fewer seeds."
+              if "long" in (summary.get("kind_groups") or {}) else
+              "- Short tasks: "
+              + (f"the ideal solutions need {' or '.join(steps)} tool call(s)" if steps
+                 else "the task kinds of live/world.py")
+              + (f", at most {wt.num(agent.get('max_steps'))} model turns per task" if agent.get("max_steps") else "")
+              + "; long, reasoning-heavy tasks may change every figure here. The task world has them "
+                "(live/world.py LONG_KINDS: add_feature, rename_symbol, 14-27 calls, run with `--kinds`), but the "
+                "shipped adapter was never trained on them, and on this machine training it is a GPU job "
+                "(docs/live-adapter.md)."),
              f"- Time to success prices a failure with {wt.num(summary.get('retries'))} ordinary redo(s) (the retry "
              "budget); pairs neither side solves within it are left out of the paired figures: "
              + ", ".join(f"`{a}` {wt.num(n)}" for a, n in unsolved.items()) + ".",

@@ -207,3 +207,26 @@ def test_the_recorded_command_line_parses_back_to_the_same_options(monkeypatch, 
     words = shlex.split(text)
     again = build_parser("live").parse_args(words[words.index("jumpahead") + 1:])
     assert vars(again) == vars(args)
+
+
+def test_a_run_with_long_kinds_reports_them_apart() -> None:
+    """Long-kind seeds (live/world.py LONG_KINDS) get their own table on the page (solved
+    per group as the summary counts it); a run without them says in its limits that the
+    shipped adapter was never trained on them."""
+    short = _summary()
+    assert "## Short and long task kinds" not in render(short)
+    assert "shipped adapter was never trained on them" in render(short)
+    records = []
+    for seed in range(4):
+        kind = "add_feature" if seed % 2 else "create_file"
+        for arm, ok in (("ordinary", True), ("jump", seed != 3)):
+            records.append({"arm": arm, "seed": seed, "success": ok, "status": "answered" if ok else "step_limit",
+                            "wall_s": 2.0, "kind": kind, "steps": 14 if seed % 2 else 1,
+                            "turns": [_turn([[100.0, 1]] * 10, 10, 10)]})
+    mixed = summarize(records, ["ordinary", "jump"])
+    page = render(mixed)
+    section = page.split("## Short and long task kinds", 1)[1].split("\n## ", 1)[0]
+    assert "| long (add_feature) | jump | 1/2 |" in section and "| short (create_file) | jump | 2/2 |" in section
+    assert "shipped adapter was never trained on them" not in page
+    long_only = summarize([r for r in records if r["kind"] == "add_feature"], ["ordinary", "jump"])
+    assert "| long (add_feature) | ordinary | 2/2 |" in render(long_only)
