@@ -287,8 +287,9 @@ def kind_group(kind: str) -> str:
 def kind_groups(by_arm: dict[str, dict[int, dict[str, Any]]], accounts: dict[str, dict[int, dict[str, Any]]],
                 arms: list[str]) -> dict[str, Any]:
     """Per kind group (short, long) present in the run, per arm: tasks, successes, their
-    rate, statuses, turns per task, looped tasks, the time-to-success distribution, and the D/P/H/R totals over the group's paired tasks (net = D - P - H - R),
-    the same accounts as per_arm split by the group of each seed's kind."""
+    rate, statuses, turns per task, looped tasks, the time-to-success distribution, and
+    the D/P/H/R totals over the group's paired tasks (net = D - P - H - R): the same
+    accounts as per_arm, split by the group of each seed's kind."""
     out: dict[str, Any] = {}
     for arm in arms:
         for seed, rec in by_arm.get(arm, {}).items():
@@ -300,9 +301,8 @@ def kind_groups(by_arm: dict[str, dict[int, dict[str, Any]]], accounts: dict[str
             row["tasks"] += 1
             row["successes"] += int(bool(rec.get("success")))
             row["statuses"][str(rec.get("status"))] += 1
-            turns = rec.get("turns", [])
-            row["turns"] += len(turns)
-            row["looped_tasks"] += int(longest_repeat([c for t in turns for c in t.get("calls", [])]) >= LOOP_REPEATS)
+            row["turns"] += len(rec.get("turns", []))
+            row["looped_tasks"] += int(looped(rec))
             acc = accounts.get(arm, {}).get(seed)
             if acc is not None and acc.get("tts_s") is not None:
                 row["tts"].append(float(acc["tts_s"]))
@@ -387,10 +387,13 @@ def _ground_truth(recs: dict[int, dict[str, Any]]) -> dict[str, Any]:
     outcomes = [r.get("truth_outcome") for r in recs.values()]
     return {"calls": {k: sum(1 for c in calls if c["truth"] == k) for k in ("right", "harmless", "wrong")},
             "tasks": {k: outcomes.count(k) for k in ("recovered", "unrecovered", "unnoticed")},
-            # tasks where the model repeated one call LOOP_REPEATS times in a row (a loop),
-            # read from the calls, so records written before the field count too
-            "looped_tasks": sum(1 for r in recs.values() if longest_repeat(
-                [c for t in r.get("turns", []) for c in t.get("calls", [])]) >= LOOP_REPEATS)}
+            "looped_tasks": sum(1 for r in recs.values() if looped(r))}
+
+
+def looped(rec: dict[str, Any]) -> bool:
+    """Whether the task's model repeated one call LOOP_REPEATS times in a row (a loop);
+    read from the calls, so records written before `longest_repeat` count too."""
+    return longest_repeat([c for t in rec.get("turns", []) for c in t.get("calls", [])]) >= LOOP_REPEATS
 
 
 NOTES = [
