@@ -228,26 +228,22 @@ def adapter_config(args: argparse.Namespace, model_name: str, n_layers: int) -> 
 
 
 def resume_config(args: argparse.Namespace) -> dict[str, Any] | None:
-    """With --resume-from, take the adapter's shape (LoRA weights of another rank or
-    depth cannot be loaded into these layers) and say what it was; None without it."""
+    """With --resume-from (a folder or a shipped name), point it at the adapter folder
+    and take its shape (LoRA weights of another rank or depth cannot be loaded into
+    these layers); what it was, or None without it. FileNotFoundError where the folder
+    holds no adapter (live/adapter.py resolve_adapter)."""
     if not getattr(args, "resume_from", None):
         return None
-    src = Path(args.resume_from).expanduser()
-    try:
-        prior = json.loads((src / "adapter_config.json").read_text())
-    except (OSError, ValueError) as e:
-        raise AdapterResumeError(f"--resume-from {src}: no readable adapter_config.json ({e})") from e
-    if not (src / "adapters.safetensors").is_file():
-        raise AdapterResumeError(f"--resume-from {src}: no adapters.safetensors")
+    from .adapter import resolve_adapter
+
+    src = resolve_adapter(str(args.resume_from))
+    prior = json.loads((src / "adapter_config.json").read_text())
+    args.resume_from = str(src)
     args.num_layers = int(prior["num_layers"])
     args.rank = int(prior["lora_parameters"]["rank"])
     args.scale = float(prior["lora_parameters"]["scale"])
     return {"path": str(src), "iters": prior.get("iters"), "n_train": prior.get("n_train"),
             "long_share": prior.get("long_share", 0.0), "result": prior.get("result")}
-
-
-class AdapterResumeError(ValueError):
-    """--resume-from names no usable adapter folder."""
 
 
 class _Speed:
@@ -294,7 +290,7 @@ def train_adapter(args: argparse.Namespace, progress=print) -> dict[str, Any]:
     linear_to_lora_layers(model, config["num_layers"], config["lora_parameters"])
     if resume is not None:
         # mlx-lm's own resume (trainer's resume_adapter_file) loads the same way
-        model.load_weights(str(Path(args.resume_from).expanduser() / "adapters.safetensors"), strict=False)
+        model.load_weights(str(Path(args.resume_from) / "adapters.safetensors"), strict=False)
         config["resumed_from"] = resume
     from mlx.utils import tree_flatten
 
@@ -367,15 +363,11 @@ def run(args: argparse.Namespace) -> int:
     if args.iters < 1 or args.n_train < args.batch_size:
         print("jumpahead: --iters must be >= 1 and --n-train >= --batch-size", file=sys.stderr)
         return 2
-    if args.resume_from:
-        from .adapter import resolve_adapter
-
-        try:
-            args.resume_from = str(resolve_adapter(args.resume_from))
-            resume_config(args)
-        except (AdapterResumeError, ValueError, OSError) as e:
-            print(f"jumpahead: {e}", file=sys.stderr)
-            return 2
+    try:
+        resume_config(args)  # a bad --resume-from fails here, before the data and the model
+    except (OSError, ValueError, KeyError) as e:
+        print(f"jumpahead: --resume-from: {e}", file=sys.stderr)
+        return 2
     summary = train_adapter(args, progress=lambda s: print(s, file=sys.stderr, flush=True))
     print(json.dumps(summary, indent=2))
     return 0
