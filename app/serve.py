@@ -164,16 +164,22 @@ def _policy_specs(args: argparse.Namespace) -> list:
 def attach_drafter(engine: Any, spec: str, explicit_methods: bool) -> str | None:
     """Load the drafter `spec` names (auto|none|PATH) into `engine`; the problem, or None.
 
-    'auto' loads the drafter shipped for the default model only where the served model
-    is the one it was trained for (any other model: nothing, no error), and adds method
-    'drafter' to the defaults where it pays (engine/methods.py DRAFTER_BY_DEFAULT)
-    unless --methods chose them."""
-    from jumpahead.engine.drafter import Drafter, DrafterError, default_drafter_path
+    'auto' loads the drafter trained for the served model: with a LoRA adapter fused, the
+    adapter's own (`<adapter>/drafter`, `train-drafter --adapter`) where it has one,
+    else the one shipped for the default model, only where the served model is the one
+    it was trained for (any other model: nothing, no error); and adds method 'drafter'
+    to the defaults where it pays (engine/methods.py DRAFTER_BY_DEFAULT) unless
+    --methods chose them."""
+    from jumpahead.engine.drafter import Drafter, DrafterError, adapter_drafter_path, default_drafter_path
     from jumpahead.engine.methods import DRAFTER_BY_DEFAULT
 
     log = logging.getLogger("jumpahead.serve")
     auto = spec == "auto"
-    path = default_drafter_path() if auto else None if spec in (None, "", "none", "off") else Path(spec)
+    path = None if spec in (None, "", "none", "off") else Path(spec)
+    if auto:
+        adapter = getattr(engine.info, "adapter", None)
+        path = adapter_drafter_path(adapter) if adapter and adapter_drafter_path(adapter).is_dir() \
+            else default_drafter_path()
     if path is not None and (not auto or path.is_dir()):  # auto: only where the shipped one exists
         try:
             engine.attach_drafter(Drafter.load(path, target=engine.model))

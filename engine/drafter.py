@@ -118,6 +118,7 @@ class Drafter(nn.Module):
         weights = mx.load(str(folder / WEIGHTS))
         drafter.load_weights([(k, v.astype(mx.float32) if v.dtype == mx.float16 else v) for k, v in weights.items()])
         mx.eval(drafter.parameters())
+        drafter.folder = str(folder.resolve())  # where it came from (/health)
         return drafter
 
 
@@ -201,3 +202,9 @@ class DrafterProposer(AdaptiveLength):
 def default_drafter_path() -> Path:
     """The drafter trained for the default model, shipped in the repository."""
     return Path(__file__).resolve().parent / "drafters" / "smollm2-135m"
+
+
+def adapter_drafter_path(adapter: str | Path) -> Path:
+    """The drafter trained for a model with this LoRA adapter fused (`train-drafter
+    --adapter`): the adapter's own drafter/ folder, so the two travel together."""
+    return Path(adapter) / "drafter"

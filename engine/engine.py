@@ -404,6 +404,8 @@ class Engine:
             "status": "ok" if self._thread.is_alive() else "engine thread stopped",
             "model": getattr(self.info, "name", None),
             "adapter": _adapter_health(self.info),
+            # the trained drafter head loaded for method "drafter" (its folder), or None
+            "drafter": getattr(self.drafter.drafter, "folder", None) if self.drafter is not None else None,
             "device": str(mx.default_device()),
             "blas": blas_info(),
             "max_batch": self.config.max_batch,

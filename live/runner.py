@@ -164,14 +164,14 @@ def _task_for(seed: int, index: int, kinds: list[str] | None) -> Any:
 
 
 def _served(server: Any) -> dict[str, Any] | None:
-    """The model, adapter, device and BLAS a server reports on /health (None if it does not answer)."""
+    """The model, adapter, drafter, device and BLAS a server reports on /health (None if it does not answer)."""
     import httpx
 
     try:
         health = httpx.get(server.url + "/health", timeout=10).json()
     except Exception:  # noqa: BLE001 - a description, never a reason to fail the run
         return None
-    return {k: health.get(k) for k in ("model", "adapter", "device", "blas")}
+    return {k: health.get(k) for k in ("model", "adapter", "drafter", "device", "blas")}
 
 
 def _join_trace(record: Any, path: Path, wait_s: float = 5.0) -> None:

@@ -46,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="drafter folder to write (default: the one shipped for the default model, "
                              "engine/drafters/smollm2-135m)")
     parser.add_argument("--model", default=None, metavar="PATH", help="target model (default: the embedded one)")
+    parser.add_argument("--adapter", default=None, metavar="NAME|DIR",
+                        help="train for the model with this LoRA adapter fused (a shipped name such as "
+                             "smol-agent, or a folder); the drafter goes to the adapter's drafter/ folder, "
+                             "which `serve --adapter ... --drafter auto` loads")
     parser.add_argument("--world-tasks", type=int, default=100, help="training-seed trajectories of the task world")
     parser.add_argument("--sessions", default=str(SHARED_PUBLIC), metavar="DIR",
                         help="public agent sessions to take prompts from (skipped where absent)")
@@ -54,6 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="coding and prose requests built from the standard library's sources")
     parser.add_argument("--batch-rows", type=int, default=16, help="rows the engine generates together")
     parser.add_argument("--context", type=int, default=384, help="prompt tokens kept before each answer")
+    parser.add_argument("--reuse-prefixes", action="store_true",
+                        help="generate the task world's turns first, whole and in turn order through the prefix "
+                             "cache, so each turn prefills only what it added (the other sources follow, "
+                             "shuffled): agent turns cost prefill, not decoding, on a CPU")
     parser.add_argument("--continue-tokens", type=int, default=128, help="greedy tokens the target writes per prompt")
     parser.add_argument("--generate-minutes", type=float, default=14.0, help="time for the greedy continuations")
     parser.add_argument("--train-minutes", type=float, default=12.0, help="time for training")
@@ -86,19 +94,41 @@ def _ids(tokenizer: Any, messages: list[dict], tools: list | None, **kw: Any) ->
 def world_prompts(tokenizer: Any, n_tasks: int, context: int) -> list[list[int]]:
     """The prompt tail before every assistant turn of `n_tasks` training trajectories
     (turns the template renders as a continuation of their prompt)."""
+    return [p[-context:] for task in world_turns(tokenizer, n_tasks) for p in task]
+
+
+def world_turns(tokenizer: Any, n_tasks: int) -> list[list[list[int]]]:
+    """Per training trajectory, the whole prompt before each of its assistant turns."""
     from jumpahead.live.trajectories import generate
     from jumpahead.live.world import split_seeds
 
     out = []
     for traj in generate(split_seeds("train", n_tasks)):
         msgs, tools = traj["messages"], traj["tools"]
+        turns = []
         for i, m in enumerate(msgs):
             if m["role"] != "assistant":
                 continue
             prompt = _ids(tokenizer, msgs[:i], tools, add_generation_prompt=True)
             whole = _ids(tokenizer, msgs[: i + 1], tools)
             if whole[: len(prompt)] == prompt and len(whole) > len(prompt):
-                out.append(prompt[-context:])
+                turns.append(prompt)
+        out.append(turns)
+    return out
+
+
+def turn_major(tasks: list[list[list[int]]], rows: int) -> list[list[list[int]]]:
+    """The tasks' turn prompts in batches that each reuse the batch before from the
+    prefix cache: `rows` tasks at a time, their first turns in one batch, then their
+    second turns in the next, ... A turn's prompt extends the previous turn's prompt
+    (published to the cache at its prompt boundary, a batch earlier), so it prefills
+    only what that turn added (the assistant's message and the tool result), not the
+    whole history: on this CPU prefill, not decoding, is what agent turns cost."""
+    out = []
+    for g in range(0, len(tasks), rows):
+        group = tasks[g : g + rows]
+        for t in range(max((len(x) for x in group), default=0)):
+            out.append([x[t] for x in group if t < len(x)])
     return out
 
 
@@ -428,6 +458,7 @@ class HiddenRecorder:
     def __init__(self) -> None:
         self.hidden: list[np.ndarray] = []
         self.tokens: list[int] = []
+        self.prompt_tokens = self.cached_tokens = 0  # the row's prompt, and how much of it the prefix cache served
 
     def propose(self, view: Any, max_len: int) -> None:
         if len(view.tokens) > view.prompt_len and view.hidden is not None:  # not before the first token
@@ -439,18 +470,21 @@ class HiddenRecorder:
         pass
 
 
-def generate(engine: Any, prompts: list[list[int]], n: int, minutes: float,
-             progress: Progress) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Greedy continuations of `prompts` through the real engine (batches of its
-    max_batch) until time is up: per prompt, the hidden states [n, D] and pending tokens [n]."""
+def generate(engine: Any, batches: list[list[list[int]]], n: int, minutes: float, progress: Progress,
+             prefill: dict[str, int] | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Greedy continuations of the prompts through the real engine, a batch at a time
+    (build_prompts), until time is up: per prompt, the hidden states [n, D] and pending tokens [n].
+    `prefill` (when given) adds up the prompts' tokens and those the prefix cache served."""
     from jumpahead.engine.types import GenerationRequest
 
     engine.runner.keep_hidden = True
 
     async def one(prompt: list[int]) -> HiddenRecorder:
         rec = HiddenRecorder()
-        async for _ in engine.stream(GenerationRequest(prompt=prompt, max_tokens=n, methods=["off"], proposers=[rec])):
-            pass
+        async for chunk in engine.stream(GenerationRequest(prompt=prompt, max_tokens=n, methods=["off"],
+                                                           proposers=[rec])):
+            if chunk.finish_reason is not None:
+                rec.prompt_tokens, rec.cached_tokens = len(prompt), chunk.cached_tokens
         return rec
 
     async def batch(ps: list[list[int]]) -> list[HiddenRecorder]:
@@ -458,15 +492,17 @@ def generate(engine: Any, prompts: list[list[int]], n: int, minutes: float,
 
     deadline = time.monotonic() + minutes * 60
     out = []
-    size = engine.config.max_batch
-    for i in range(0, len(prompts), size):
+    for i, prompts in enumerate(batches):
         if time.monotonic() > deadline:
             break
-        for rec in asyncio.run(batch(prompts[i : i + size])):
+        for rec in asyncio.run(batch(prompts)):
+            if prefill is not None:
+                prefill["prompt_tokens"] = prefill.get("prompt_tokens", 0) + rec.prompt_tokens
+                prefill["cached_tokens"] = prefill.get("cached_tokens", 0) + rec.cached_tokens
             if len(rec.tokens) > 3:
                 out.append((np.stack(rec.hidden), np.array(rec.tokens, dtype=np.int32)))
-        progress.advance(min(size, len(prompts) - i))
-        if (i // size) % 5 == 0:
+        progress.advance(len(prompts))
+        if i % 5 == 0:
             say(f"{len(out)} continuations, {sum(len(t) for _, t in out)} tokens")
     return out
 
@@ -543,9 +579,13 @@ def _clock(t0: float) -> str:
     return f"{(time.monotonic() - t0) / 60:.1f} min"
 
 
-def build_prompts(args: argparse.Namespace, tok: Any, rng: random.Random) -> tuple[list[list[int]], dict[str, int]]:
-    """The training prompts, shuffled, and how many came from each source."""
-    world = world_prompts(tok, args.world_tasks, args.context)
+def build_prompts(args: argparse.Namespace, tok: Any, rng: random.Random) -> tuple[list[list[list[int]]], dict[str, int]]:
+    """The training prompts in the batches the engine decodes them in (--reuse-prefixes:
+    the task world's turn-major batches first; the rest shuffled), and how many came
+    from each source."""
+    reuse = getattr(args, "reuse_prefixes", False)
+    world = [] if reuse else world_prompts(tok, args.world_tasks, args.context)
+    ordered = turn_major(world_turns(tok, args.world_tasks), args.batch_rows) if reuse else []
     sessions: list[list[int]] = []
     if args.sessions and Path(args.sessions).is_dir():
         sessions = session_prompts(tok, args.sessions, args.context)
@@ -555,13 +595,19 @@ def build_prompts(args: argparse.Namespace, tok: Any, rng: random.Random) -> tup
         say(f"no public sessions at {args.sessions}: task world and code prompts only")
     code = code_prompts(tok, args.code_prompts, rng)
     general = general_prompts(tok, args.general_prompts, rng)
-    counts = {"task_world": len(world), "public_sessions": len(sessions), "code_and_prose": len(code),
+    counts = {"task_world": len(world) + len(ordered), "public_sessions": len(sessions), "code_and_prose": len(code),
               "general": len(general)}
     # greedy decoding continues equal prompts equally: keep each once
-    prompts = list({tuple(p): p for p in world + sessions + code + general}.values())
-    counts["repeats_dropped"] = sum(counts.values()) - len(prompts)
-    rng.shuffle(prompts)
-    return prompts, counts
+    seen: set[tuple[int, ...]] = set()
+    first = []
+    for b in ordered:
+        b = [p for p in b if not (tuple(p) in seen or seen.add(tuple(p)))]
+        if b:
+            first.append(b)
+    rest = [p for p in {tuple(p): p for p in world + sessions + code + general}.values() if tuple(p) not in seen]
+    counts["repeats_dropped"] = sum(counts.values()) - sum(map(len, first)) - len(rest)
+    rng.shuffle(rest)
+    return first + [rest[i : i + args.batch_rows] for i in range(0, len(rest), args.batch_rows)], counts
 
 
 def export_prompts(args: argparse.Namespace) -> dict[str, Any]:
@@ -573,7 +619,8 @@ def export_prompts(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
     engine = Engine.load(args.model, EngineConfig(prefix_cache=False, default_methods=("none",)),
                          progress=lambda s: print(s, file=sys.stderr))
-    prompts, counts = build_prompts(args, engine.tokenizer, rng)
+    batches, counts = build_prompts(args, engine.tokenizer, rng)
+    prompts = [p for b in batches for p in b]
     ref = max(prompts[:50], key=len)
     hidden = engine.model.model(mx.array(ref)[None])
     argmax = mx.argmax(engine.runner.head(hidden), axis=-1)[0]
@@ -630,21 +677,36 @@ def import_weights(args: argparse.Namespace) -> dict[str, Any]:
     return {"out": str(out), "dim": dim, "ffn": ffn, "draft_vocab": vocab, "training": training}
 
 
+def adapter_folder(spec: str | None) -> Path | None:
+    """The adapter folder `spec` names (None: none); FileNotFoundError names the problem."""
+    if not spec:
+        return None
+    from jumpahead.live.adapter import resolve_adapter
+
+    return resolve_adapter(spec)
+
+
 def train(args: argparse.Namespace) -> dict[str, Any]:
+    from jumpahead.engine.drafter import adapter_drafter_path
     from jumpahead.engine.engine import Engine, EngineConfig
 
     rng = random.Random(args.seed)
     mx.random.seed(args.seed)
     t0 = time.monotonic()
-    engine = Engine.load(args.model, EngineConfig(prefix_cache=False, max_batch=args.batch_rows,
+    adapter = adapter_folder(args.adapter)
+    reuse = getattr(args, "reuse_prefixes", False)
+    engine = Engine.load(args.model, EngineConfig(prefix_cache=reuse, prefix_cache_ssd=False, max_batch=args.batch_rows,
                                                   default_methods=("none",)),
-                         progress=lambda s: print(s, file=sys.stderr))
+                         progress=lambda s: print(s, file=sys.stderr),
+                         adapter=str(adapter) if adapter else None)
     tok, model = engine.tokenizer, engine.model
-    prompts, counts = build_prompts(args, tok, rng)
+    batches, counts = build_prompts(args, tok, rng)
+    prompts = [p for b in batches for p in b]
     say(f"{len(prompts)} prompts: " + ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in counts.items()))
 
     prog = Progress(len(prompts), 1, label="generate")
-    rows = generate(engine, prompts, args.continue_tokens, args.generate_minutes, prog)
+    prefill: dict[str, int] = {}
+    rows = generate(engine, batches, args.continue_tokens, args.generate_minutes, prog, prefill)
     prog.close()
     engine.close()
     if len(rows) < 4:
@@ -704,7 +766,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     prog.close()
     after = accuracy(drafter, embed, H, X, valid)
     summary = {
-        "prompts": counts,
+        "prompts": counts, "prefill": prefill,
         "continuations": len(rows), "tokens": int(len(X)), "train_examples": int(len(train_idx)),
         "valid_examples": int(len(valid)), "draft_vocab": len(d2t), "vocab_coverage": round(covered, 4),
         "steps": step, "step_ms": round((time.monotonic() - t_start) / max(step, 1) * 1000, 1),
@@ -713,7 +775,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "valid_steps_1_and_2": round(after[1], 4), "minutes": round((time.monotonic() - t0) / 60, 1),
         "args": {k: v for k, v in vars(args).items() if k not in ("func", "command")},
     }
-    out = Path(args.out) if args.out else default_drafter_path()
+    if adapter is not None:  # the target it learned is the adapted model (the fingerprint covers the base)
+        summary["adapter"] = {"name": adapter.name, "digest": getattr(engine.info, "adapter_digest", None)}
+    out = Path(args.out) if args.out else adapter_drafter_path(adapter) if adapter else default_drafter_path()
     drafter.save(out, target_fingerprint(model), {"training": summary})
     summary["out"] = str(out)
     return summary

@@ -229,6 +229,7 @@ def test_openai_sdk_sees_drafter_telemetry_and_metrics(dengine):
         import httpx
 
         assert httpx.get(f"{url}/metrics.json").json()["engine"]["methods"]["drafter"]["proposals"] > 0
+        assert httpx.get(f"{url}/health").json()["drafter"] == str(SHIPPED.resolve())  # which head serves
 
 
 def test_serve_refuses_a_drafter_path_that_is_not_one(tmp_path):
@@ -260,6 +261,60 @@ def test_train_drafter_writes_a_drafter_the_engine_loads(tmp_path, loaded_model)
     drafter = Drafter.load(out, target=loaded_model[0])
     assert read_meta(out)["training"]["tokens"] == summary["tokens"]
     assert drafter.draft_vocab == summary["draft_vocab"]
+
+
+def test_turn_major_batches_put_each_turn_after_the_one_it_extends(loaded_model):
+    """--reuse-prefixes: a task-world turn's prompt extends the turn before it token for
+    token, and the batches put every turn in a later batch than the one it extends (its
+    prefix is published by then), none wider than the rows asked for, none lost."""
+    from jumpahead.live.train_drafter import turn_major, world_turns
+
+    tasks = world_turns(loaded_model[1], 9)
+    pairs = [(a, b) for turns in tasks for a, b in zip(turns, turns[1:])]
+    assert len(pairs) >= 9 and all(b[: len(a)] == a and len(b) > len(a) for a, b in pairs)
+    batches = turn_major(tasks, 4)
+    where = {tuple(p): i for i, b in enumerate(batches) for p in b}
+    assert all(where[tuple(a)] < where[tuple(b)] for a, b in pairs)
+    assert max(map(len, batches)) <= 4
+    assert sorted(tuple(p) for b in batches for p in b) == sorted(tuple(p) for t in tasks for p in t)
+
+
+@pytest.mark.slow
+def test_train_drafter_for_an_adapter_reuses_prefixes_and_serve_loads_it(tmp_path, loaded_model):
+    """`train-drafter --adapter DIR --reuse-prefixes` in a new process: it trains for the
+    adapted model, writes DIR/drafter (where `--drafter auto` looks when that adapter is
+    served), and the prefix cache served most of the turns' prompt tokens."""
+    import subprocess
+    import sys
+
+    from jumpahead.app.serve import attach_drafter
+    from jumpahead.engine.engine import Engine, EngineConfig
+    from jumpahead.live.adapter import resolve_adapter
+
+    adapter = tmp_path / "agent"
+    shutil.copytree(resolve_adapter("smol-agent"), adapter)
+    proc = subprocess.run([sys.executable, "-m", "jumpahead.app.cli", "train-drafter", "--adapter", str(adapter),
+                           "--reuse-prefixes", "--world-tasks", "8", "--code-prompts", "0", "--sessions", "none",
+                           "--batch-rows", "4", "--generate-minutes", "0.6", "--train-minutes", "0.2",
+                           "--draft-vocab", "512", "--ffn", "256"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout)
+    assert summary["out"] == str(adapter / "drafter") and summary["adapter"]["name"] == "agent"
+    assert summary["valid_step1"] > summary["valid_step1_before"]
+    assert summary["prefill"]["cached_tokens"] > summary["prefill"]["prompt_tokens"] / 2, summary["prefill"]
+    eng = Engine.load(None, EngineConfig(prefix_cache=False), progress=lambda s: None, adapter=str(adapter))
+    try:
+        assert attach_drafter(eng, "auto", explicit_methods=False) is None
+        assert eng.drafter is not None and eng.drafter.drafter.draft_vocab == 512  # the adapter's, not the shipped one
+    finally:
+        eng.close()
+    plain = Engine.load(None, EngineConfig(prefix_cache=False), progress=lambda s: None)
+    try:
+        assert attach_drafter(plain, "auto", explicit_methods=False) is None
+        assert plain.drafter.drafter.draft_vocab == read_meta(SHIPPED)["draft_vocab"]  # no adapter: the shipped one
+    finally:
+        plain.close()
 
 
 @pytest.mark.slow
