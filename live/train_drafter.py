@@ -595,7 +595,7 @@ def build_prompts(args: argparse.Namespace, tok: Any, rng: random.Random) -> tup
         say(f"no public sessions at {args.sessions}: task world and code prompts only")
     code = code_prompts(tok, args.code_prompts, rng)
     general = general_prompts(tok, args.general_prompts, rng)
-    counts = {"task_world": len(world) + len(ordered), "public_sessions": len(sessions), "code_and_prose": len(code),
+    counts = {"task_world": len(world) + sum(map(len, ordered)), "public_sessions": len(sessions), "code_and_prose": len(code),
               "general": len(general)}
     # greedy decoding continues equal prompts equally: keep each once
     seen: set[tuple[int, ...]] = set()

@@ -301,6 +301,10 @@ def test_train_drafter_for_an_adapter_reuses_prefixes_and_serve_loads_it(tmp_pat
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads(proc.stdout)
     assert summary["out"] == str(adapter / "drafter") and summary["adapter"]["name"] == "agent"
+    from jumpahead.live.train_drafter import world_turns
+
+    turns = sum(map(len, world_turns(loaded_model[1], 8)))  # prompts counted, not their batches
+    assert summary["prompts"]["task_world"] == turns and summary["prompts"]["repeats_dropped"] >= 0
     assert summary["valid_step1"] > summary["valid_step1_before"]
     assert summary["prefill"]["cached_tokens"] > summary["prefill"]["prompt_tokens"] / 2, summary["prefill"]
     eng = Engine.load(None, EngineConfig(prefix_cache=False), progress=lambda s: None, adapter=str(adapter))
