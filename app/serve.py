@@ -168,10 +168,10 @@ def attach_drafter(engine: Any, spec: str, explicit_methods: bool) -> str | None
     adapter's own (`<adapter>/drafter`, `train-drafter --adapter`) where it has one,
     else the one shipped for the default model, only where the served model is the one
     it was trained for (any other model: nothing, no error); and adds method 'drafter'
-    to the defaults where it pays (engine/methods.py DRAFTER_BY_DEFAULT) unless
-    --methods chose them."""
-    from jumpahead.engine.drafter import Drafter, DrafterError, adapter_drafter_path, default_drafter_path
-    from jumpahead.engine.methods import DRAFTER_BY_DEFAULT
+    to the defaults where the drafter's own live A/B on this model says it pays
+    (engine/drafter.py measured_pays) unless --methods chose them."""
+    from jumpahead.engine.drafter import (Drafter, DrafterError, adapter_drafter_path, default_drafter_path,
+                                          measured_pays)
 
     log = logging.getLogger("jumpahead.serve")
     auto = spec == "auto"
@@ -188,7 +188,12 @@ def attach_drafter(engine: Any, spec: str, explicit_methods: bool) -> str | None
             if not auto:
                 return f"cannot use drafter {spec}: {exc}"
             log.info("drafter: the shipped one is not for this model (%s)", exc)
-    return _default_method(engine, "drafter", engine.drafter is not None, DRAFTER_BY_DEFAULT and not explicit_methods,
+    pays = False
+    if engine.drafter is not None:
+        pays, why = measured_pays(getattr(engine.drafter.drafter, "measurement", None),
+                                  getattr(engine.info, "adapter_digest", None))
+        log.info("drafter %s by default: %s", "on" if pays and not explicit_methods else "off", why)
+    return _default_method(engine, "drafter", engine.drafter is not None, pays and not explicit_methods,
                            "--methods drafter needs a drafter (--drafter PATH)")
 
 

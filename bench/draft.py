@@ -20,7 +20,11 @@ tokens differ from ordinary decoding's fails the benchmark (exit 1), whatever th
    draft runs in one batched forward per step (`forwards`) where drafting row by row
    would have run `row_forwards`.
 
-`jumpahead bench draft [--drafter PATH] [--draft-model SPEC|none] [--tokens N] [--repeats R] [--model M]`.
+5. (`--adapter NAME|DIR`) agent turns of the adapted model with its own drafter
+   (`agent_turns`): ordinary, drafter, default and default + drafter at B=1 and B=4.
+
+`jumpahead bench draft [--drafter PATH] [--draft-model SPEC|none] [--tokens N] [--repeats R] [--model M]
+[--adapter NAME|DIR [--agent-only]]`.
 """
 
 from __future__ import annotations
@@ -241,6 +245,67 @@ def _two_model(results: dict[str, list[Any]], spec: str | None,
     return out
 
 
+AGENT_ARMS = {"ordinary": [], "drafter": ["drafter"], "default": ["echo"], "default+drafter": ["echo", "drafter"]}
+
+
+def agent_turns(adapter: str, model: str | None = None, tokens: int = 96, repeats: int = 3,
+                prompts: int = 8) -> dict[str, Any]:
+    """5. agent turns of the adapted model (`--adapter`): its own drafter (the adapter's
+    drafter/ folder) on held-out task-world turns (each the whole history before an
+    assistant turn), alone (B=1) and as batches of 4: ordinary, drafter, default (echo +
+    checked strict fill) and default + drafter, outputs checked against ordinary. Every
+    prompt is decoded once first, so each arm finds it in the prefix cache (agents resend
+    the history: the speeds are of decoding the turn)."""
+    from jumpahead.engine.drafter import adapter_drafter_path
+    from jumpahead.live.adapter import resolve_adapter
+    from jumpahead.live.train_drafter import world_turns
+
+    folder = resolve_adapter(adapter)
+    path = adapter_drafter_path(folder)
+    engine = Engine.load(model, EngineConfig(prefix_cache_ssd=False, drafter=str(path)), progress=lambda s: None,
+                         adapter=str(folder))
+    tasks = [t for t in world_turns(engine.tokenizer, 2 * prompts, "heldout") if t]
+    turns = [t[i % len(t)] for i, t in enumerate(tasks)][:prompts]  # first, second, ... turns in turn
+    for p in turns:
+        _rows(engine, [p], [[]], tokens)  # warm: every arm finds the history in the prefix cache
+    results: dict[str, list[Any]] = {}
+    mismatches: list[str] = []
+    batches = [turns[i:i + 4] for i in range(0, len(turns) - 3, 4)]
+    for r in range(repeats):
+        order = list(AGENT_ARMS)[::-1] if r % 2 else list(AGENT_ARMS)
+        for i, p in enumerate(turns):
+            got = {arm: _rows(engine, [p], [AGENT_ARMS[arm]], tokens)["rows"][0] for arm in order}
+            for arm in order:
+                results.setdefault(f"b1_{arm}", []).append(got[arm])
+                if got[arm]["tokens"] != got["ordinary"]["tokens"]:
+                    mismatches.append(f"agent turn {i} repeat {r}: arm {arm} differs from ordinary")
+        for j, batch in enumerate(batches):
+            got = {arm: _rows(engine, batch, [AGENT_ARMS[arm]] * len(batch), tokens) for arm in order}
+            for arm in order:
+                results.setdefault(f"b4_{arm}", []).append(got[arm])
+                if [x["tokens"] for x in got[arm]["rows"]] != [x["tokens"] for x in got["ordinary"]["rows"]]:
+                    mismatches.append(f"agent batch {j} repeat {r}: arm {arm} differs from ordinary")
+    engine.close()
+    b1 = {arm: results[f"b1_{arm}"] for arm in AGENT_ARMS}
+    b4 = {arm: results[f"b4_{arm}"] for arm in AGENT_ARMS}
+    rows4 = {arm: [row for res in b4[arm] for row in res["rows"]] for arm in AGENT_ARMS}
+    return {
+        "adapter": str(folder), "drafter": str(path), "turns": len(turns), "batches_of_4": len(batches),
+        "tokens_per_turn": round(sum(len(x["tokens"]) for x in b1["ordinary"]) / len(b1["ordinary"]), 1),
+        "mismatches": mismatches,
+        "b1": {"drafter_vs_ordinary": _summary(b1["drafter"], b1["ordinary"], "tps"),
+               "default_vs_ordinary": _summary(b1["default"], b1["ordinary"], "tps"),
+               "default_and_drafter_vs_default": _summary(b1["default+drafter"], b1["default"], "tps"),
+               "drafter": _method_stats(b1["drafter"], "drafter"),
+               "default_and_drafter": {m: _method_stats(b1["default+drafter"], m) for m in ("drafter", "echo")}},
+        "b4": {"drafter_vs_ordinary": _summary(b4["drafter"], b4["ordinary"], "agg_tps"),
+               "default_vs_ordinary": _summary(b4["default"], b4["ordinary"], "agg_tps"),
+               "default_and_drafter_vs_default": _summary(b4["default+drafter"], b4["default"], "agg_tps"),
+               "drafter": _method_stats(rows4["drafter"], "drafter"),
+               "default_and_drafter": {m: _method_stats(rows4["default+drafter"], m) for m in ("drafter", "echo")}},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jumpahead bench draft", description=__doc__.splitlines()[0])
     parser.add_argument("--drafter", default=None, metavar="PATH",
@@ -250,14 +315,38 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"the two-model draft's model (default: {DEFAULT_DRAFT_MODEL}; none skips that part)")
     parser.add_argument("--tokens", type=int, default=96, help="tokens per row (default: 96)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--adapter", default=None, metavar="NAME|DIR",
+                        help="also run part 5: agent turns of the model with this LoRA adapter and its own drafter")
+    parser.add_argument("--agent-only", action="store_true", help="with --adapter: run part 5 alone")
     parser.add_argument("--out", default=None, metavar="FILE", help="also write the JSON here")
     args = parser.parse_args(argv)
     spec = None if args.draft_model in ("none", "off", "") else args.draft_model
+    if args.agent_only and not args.adapter:
+        print("jumpahead bench draft: --agent-only needs --adapter", file=sys.stderr)
+        return 2
+    if args.adapter:
+        from jumpahead.engine.drafter import adapter_drafter_path
+        from jumpahead.live.adapter import resolve_adapter
+
+        try:
+            folder = resolve_adapter(args.adapter)
+        except FileNotFoundError as exc:
+            print(f"jumpahead bench draft: {exc}", file=sys.stderr)
+            return 2
+        if not adapter_drafter_path(folder).is_dir():
+            print(f"jumpahead bench draft: {folder} has no drafter/ folder "
+                  f"(jumpahead train-drafter --adapter {args.adapter})", file=sys.stderr)
+            return 2
     try:
-        out = run(args.drafter, args.model, args.tokens, args.repeats, spec)
+        out = {"bench": "draft", "identical_outputs": True, "mismatches": []} if args.agent_only \
+            else run(args.drafter, args.model, args.tokens, args.repeats, spec)
     except ValueError as exc:  # a bad truncated:N, a draft of another tokenizer family
         print(f"jumpahead bench draft: cannot use draft model {args.draft_model}: {exc}", file=sys.stderr)
         return 2
+    if args.adapter:
+        out["agent_turns"] = agent_turns(args.adapter, args.model, args.tokens, args.repeats)
+        out["mismatches"] = out["mismatches"] + out["agent_turns"]["mismatches"]
+        out["identical_outputs"] = not out["mismatches"]
     if out["mismatches"]:
         print("jumpahead bench draft: " + "; ".join(out["mismatches"]), file=sys.stderr)
     return emit(out, args.out)  # exit 1, BENCH FAILED, where identical_outputs is false

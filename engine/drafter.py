@@ -35,6 +35,12 @@ from .proposal import AdaptiveLength, Proposal, RowView
 DRAFTER_VERSION = 1
 WEIGHTS = "drafter.safetensors"
 CONFIG = "drafter.json"
+# A live A/B of this drafter on the model it serves (`jumpahead live --arms
+# default,default+drafter --record-drafter`): `serve` makes method "drafter" a default
+# only where this record shows it paying (`measured_pays`).
+MEASURED = "measured.json"
+# The least paired tasks a measurement needs before it may turn the drafter on.
+MIN_PAIRED_TASKS = 30
 
 
 class DrafterError(ValueError):
@@ -119,6 +125,8 @@ class Drafter(nn.Module):
         drafter.load_weights([(k, v.astype(mx.float32) if v.dtype == mx.float16 else v) for k, v in weights.items()])
         mx.eval(drafter.parameters())
         drafter.folder = str(folder.resolve())  # where it came from (/health)
+        # a plain attribute: nn.Module would keep a dict among its parameters
+        object.__setattr__(drafter, "measurement", read_measurement(folder))
         return drafter
 
 
@@ -197,6 +205,47 @@ class DrafterProposer(AdaptiveLength):
             return None  # (before the first token, the pending one is not chosen yet)
         return Proposal(self.round_group.draft(self, view, k), "drafter")
 
+
+
+def read_measurement(folder: str | Path) -> dict[str, Any] | None:
+    """A drafter folder's measured.json (None where it has none or it cannot be read:
+    an unreadable measurement turns nothing on)."""
+    try:
+        out = json.loads((Path(folder) / MEASURED).read_text())
+    except (OSError, ValueError):
+        return None
+    return out if isinstance(out, dict) else None
+
+
+def measured_pays(measurement: dict[str, Any] | None, adapter_digest: str | None) -> tuple[bool, str]:
+    """Whether a drafter's recorded live A/B says it pays for the served model, and why.
+
+    It pays where `default+drafter` against `default`, on the same model (the same
+    adapter digest, or both the base model), over at least MIN_PAIRED_TASKS seeds both
+    solved: saved time to success with the whole 95% CI above zero, no fewer tasks
+    solved, and the same output on every seed (an exact method that changed one is a
+    bug, not a saving). The figures are read, not a recorded verdict."""
+    if not measurement:
+        return False, "no measurement (jumpahead live --arms default,default+drafter --record-drafter)"
+    try:
+        versus = measurement["versus"]
+        saved = versus["tts_s_saved_per_task"]
+        solved = versus["successes"]
+        if measurement.get("adapter_digest") != adapter_digest:
+            return False, (f"measured with adapter {measurement.get('adapter_digest')}, "
+                           f"served with {adapter_digest}")
+        if int(versus["paired_tasks"]) < MIN_PAIRED_TASKS:
+            return False, f"{versus['paired_tasks']} paired tasks measured (at least {MIN_PAIRED_TASKS})"
+        if int(versus["outputs_equal"]) != int(versus["seeds"]):
+            return False, f"outputs differed on {int(versus['seeds']) - int(versus['outputs_equal'])} seeds"
+        if int(solved[measurement["arm"]]) < int(solved[versus["base"]]):
+            return False, f"solved {solved[measurement['arm']]} against {solved[versus['base']]}"
+        if saved["lo"] is None or float(saved["lo"]) <= 0:
+            return False, f"saved {saved['mean']} s per task, 95% CI from {saved['lo']}: not above zero"
+    except (KeyError, TypeError, ValueError) as exc:
+        return False, f"unreadable measurement ({type(exc).__name__}: {exc})"
+    return True, (f"saved {saved['mean']:.2f} s per task (95% CI {saved['lo']:.2f} to {saved['hi']:.2f}) "
+                  f"over {versus['paired_tasks']} tasks, outputs equal on all {versus['seeds']}")
 
 
 def default_drafter_path() -> Path:

@@ -35,9 +35,8 @@ STRICT = "strict"  # strict fill: built by engine/strict.py, on unless a list sa
 # arms no slower, copy-heavy turns faster (BENCHMARKS.md, "Exact methods by default").
 # Strict fill is not listed: it runs unless a list says none/off (engine/strict.py).
 SERVER_DEFAULT: tuple[str, ...] = ("echo",)
-# Whether `serve` adds method "drafter" to the defaults when it loads a drafter
-# (app/serve.py attach_drafter): only where `jumpahead bench draft` shows it paying.
-DRAFTER_BY_DEFAULT = False
+# Method "drafter" joins the defaults per drafter, where the loaded drafter's own live
+# A/B on the served model shows it paying (engine/drafter.py measured_pays).
 # Whether `serve` adds method "mtp" to the defaults when the checkpoint has MTP weights
 # (app/serve.py attach_mtp): the checkpoint's own trained draft layer, exact, and sized
 # by the width policy like every verified proposal, so a user who serves such a

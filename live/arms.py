@@ -4,8 +4,11 @@ Names follow replay's arms (traces/arms.py): a method arm (`ordinary`, `strict`,
 `ngram`: the registered methods' arms, engine/methods.py) or a policy (`jump`, `early-jump`, `oracle-jump`, `mistaken-jump:rate=0.3`, `compaction`,
 `package.module:Class[:k=v,...]`), joined with "+" for combinations (`echo+jump`). One
 name is live only: `default`, the server's default methods (echo plus checked strict
-fill, what `jumpahead serve` runs when a request names none); `default+drafter` adds a
-method to them (the request names the defaults and the method).
+fill, what `jumpahead serve` runs when a request names none), served without a learned
+drafter (`--drafter none`: serve adds one to its defaults where the drafter's own
+measurement says it pays, and that measurement is `default+drafter` against `default`);
+`default+drafter` adds a method to them (the request names the defaults and the method).
+Only an arm that runs method "drafter" loads a drafter.
 
 Methods go in every request (`"jumpahead": {"methods": [...]}`, exactly the lists replay
 gives the engine; `none` keeps strict fill off) and the arm's server is started with
@@ -46,6 +49,10 @@ class LiveArm:
 
     def serve_args(self) -> list[str]:
         args = [] if self.methods is None else ["--methods", "none"]
+        if "drafter" not in (self.methods or []):
+            # a server loads a learned drafter only for an arm that runs it: `default` stays
+            # echo + checked strict where `serve` would add a drafter that pays
+            args += ["--drafter", "none"]
         for spec in self.policies:
             args += ["--policy", spec]
         return args

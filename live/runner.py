@@ -67,6 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an extra argument for every arm's `jumpahead serve` (repeatable; "
                              "--serve-arg=--max-batch=4)")
     parser.add_argument("--keep-workspaces", action="store_true", help="keep each task's workspace under OUT/work")
+    parser.add_argument("--record-drafter", action="store_true",
+                        help="with arms default and default+drafter on held-out seeds: write the A/B into the "
+                             "drafter folder that arm loaded (measured.json), where serve reads whether the "
+                             "drafter pays and so joins its default methods")
     parser.add_argument("--resume", action="store_true",
                         help="keep the tasks OUT/tasks.jsonl already holds and run only the others "
                              "(same --tasks, --arms and seeds)")
@@ -228,7 +232,8 @@ class Run:
             server = ServerProcess(args, self.out / "servers" / f"{arm.slug}.log", start_timeout=SERVE_START_TIMEOUT_S)
             with self._lock:
                 self.servers[arm.name] = server
-                self.served.setdefault("model", _served(server))
+                self.served[arm.name] = _served(server)
+                self.served.setdefault("model", self.served[arm.name])
             self.log(f"live: server for {arm.name} up in {time.monotonic() - t0:.1f} s ({' '.join(args)})")
 
         with ThreadPoolExecutor(max_workers=min(STARTING_AT_ONCE, len(self.o.arms))) as pool:
@@ -352,6 +357,10 @@ class Run:
                           "command": self.o.command or equivalent_command(self.o),
                           "command_source": "command line" if self.o.command else "run_live options",
                           "served": self.served.get("model") or self._earlier_run().get("served"),
+                          # each arm's server (/health): the drafter it loaded, for --record-drafter
+                          "served_by_arm": {a.name: self.served.get(a.name) or
+                                            (self._earlier_run().get("served_by_arm") or {}).get(a.name)
+                                            for a in self.o.arms},
                           "machine": machine(),
                           "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
                           # every pass's wall time: a --resume pass adds to the earlier ones
@@ -386,6 +395,13 @@ def run(args: argparse.Namespace) -> int:
         print("jumpahead live: --tasks, --concurrency, --max-steps and --max-tokens must be at least 1",
               file=sys.stderr)
         return 2
+    if args.record_drafter:
+        from .drafter_measurement import check_recordable
+
+        problem = check_recordable([a.name for a in arms], args.seed_split)
+        if problem:
+            print(f"jumpahead live: --record-drafter: {problem}", file=sys.stderr)
+            return 2
     from .world import ALL_KINDS, split_seeds
 
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
@@ -407,5 +423,16 @@ def run(args: argparse.Namespace) -> int:
     table = {arm: {"success": s["success_rate"], "ci95": s["success_ci95"],
                    "wall_s_median": s["wall_s_all"].get("median"), "net_s": s["totals"]["net_s"]}
              for arm, s in summary["per_arm"].items()}
-    print(json.dumps({"out": str(out), "arms": table}, indent=1))
+    recorded = None
+    if args.record_drafter:
+        from .drafter_measurement import DrafterMeasurementError, record_measurement
+
+        try:
+            recorded = str(record_measurement(summary, args.seed_split))
+        except DrafterMeasurementError as exc:
+            print(json.dumps({"out": str(out), "arms": table}, indent=1))
+            print(f"jumpahead live: --record-drafter: {exc}", file=sys.stderr)
+            return 1
+    print(json.dumps({"out": str(out), "arms": table, **({"drafter_measurement": recorded} if recorded else {})},
+                     indent=1))
     return 0

@@ -274,7 +274,47 @@ def summarize(records: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
             "plain_round_s": round(plain_s, 6) if plain_s else None,
             "pooled_cost_per_recovery_s": round(pooled_cost, 6) if pooled_cost is not None else None,
             "per_arm": out_arms, "accounts": {a: list(accounts[a].values()) for a in arms},
-            "kind_groups": kind_groups(by_arm, accounts, arms), "notes": NOTES}
+            "kind_groups": kind_groups(by_arm, accounts, arms),
+            "versus": {arm: versus(by_arm, accounts, base_arm, arm) for arm, base_arm in nested_arms(arms).items()},
+            "notes": NOTES}
+
+
+def nested_arms(arms: list[str]) -> dict[str, str]:
+    """Each arm `X+Y` of the run whose arm `X` also ran: {"X+Y": "X"} (`default+drafter`
+    against `default`: what adding Y to X changed, paired by seed)."""
+    out = {}
+    for arm in arms:
+        head = arm.rpartition("+")[0]
+        if head and head in arms:
+            out[arm] = head
+    return out
+
+
+def assistant_output(rec: dict[str, Any]) -> list[Any]:
+    """What the model said in a task, turn by turn: content and calls (name, arguments)."""
+    return [[t.get("content", ""), [[c.get("name"), c.get("arguments")] for c in t.get("calls", [])]]
+            for t in rec.get("turns", [])]
+
+
+def versus(by_arm: dict[str, dict[int, dict[str, Any]]], accounts: dict[str, dict[int, dict[str, Any]]],
+           base_arm: str, arm: str) -> dict[str, Any]:
+    """`arm` against `base_arm`, paired by seed: successes, the time to success saved per
+    task (base - arm, over the seeds where both have one: a failure never counts as a
+    saving, and a task only the base solves shows in `successes`), the wall clock saved,
+    and on how many seeds the two arms said the same thing (an exact method must leave
+    every seed's output as it was)."""
+    recs, base = by_arm.get(arm, {}), by_arm.get(base_arm, {})
+    acc, base_acc = accounts.get(arm, {}), accounts.get(base_arm, {})
+    paired = sorted(set(recs) & set(base))
+    both = [s for s in paired if acc[s]["tts_s"] is not None and base_acc[s]["tts_s"] is not None]
+    return {"base": base_arm, "seeds": len(paired),
+            "successes": {base_arm: sum(1 for s in paired if base[s]["success"]),
+                          arm: sum(1 for s in paired if recs[s]["success"])},
+            "outputs_equal": sum(1 for s in paired if assistant_output(recs[s]) == assistant_output(base[s])),
+            "paired_tasks": len(both),
+            "tts_s_saved_per_task": bootstrap_mean([float(base_acc[s]["tts_s"]) - float(acc[s]["tts_s"]) for s in both]),
+            "wall_s_saved_per_task": bootstrap_mean([float(base[s]["wall_s"]) - float(recs[s]["wall_s"])
+                                                     for s in both])}
 
 
 def kind_group(kind: str) -> str:
@@ -413,5 +453,7 @@ NOTES = [
     "ground truth: each call's effect on the workspace against the state the task's ideal solution leaves "
     "(right / wrong / harmless; silent wrong writes and non-zero exits are wrong); a task with a wrong call is "
     "recovered, unrecovered or unnoticed (live/ground_truth.py)",
+    "versus: each arm X+Y against arm X of the same run, paired by seed: time to success saved over the seeds "
+    "both have one, successes of each, and the seeds whose assistant output (contents and calls) is equal",
     "wrong jumps: a `mistaken` label or a wrong call (ground truth) in the jump's turn; breakeven_frequency = (D - P - H) / (jump interventions x cost per recovery)",
 ]

@@ -97,13 +97,14 @@ def world_prompts(tokenizer: Any, n_tasks: int, context: int) -> list[list[int]]
     return [p[-context:] for task in world_turns(tokenizer, n_tasks) for p in task]
 
 
-def world_turns(tokenizer: Any, n_tasks: int) -> list[list[list[int]]]:
-    """Per training trajectory, the whole prompt before each of its assistant turns."""
+def world_turns(tokenizer: Any, n_tasks: int, split: str = "train") -> list[list[list[int]]]:
+    """Per trajectory of the split's first `n_tasks` seeds (training data: "train";
+    `bench draft --adapter`: "heldout"), the whole prompt before each assistant turn."""
     from jumpahead.live.trajectories import generate
     from jumpahead.live.world import split_seeds
 
     out = []
-    for traj in generate(split_seeds("train", n_tasks)):
+    for traj in generate(split_seeds(split, n_tasks)):
         msgs, tools = traj["messages"], traj["tools"]
         turns = []
         for i, m in enumerate(msgs):

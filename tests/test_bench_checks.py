@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from jumpahead.core.output import emit, mismatches
+from jumpahead.live.adapter import resolve_adapter
 
 from .conftest import shared_path
 
@@ -102,3 +104,35 @@ def test_bench_draft_refuses_a_bad_draft_model_spec() -> None:
     proc = subprocess.run([sys.executable, "-m", "jumpahead.bench.draft", "--draft-model", "truncated:x"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and "truncated:N needs a positive number" in proc.stderr
+
+
+@pytest.mark.slow
+def test_bench_draft_agent_turns_with_the_adapters_drafter(tmp_path: Path) -> None:
+    """`bench draft --adapter smol-agent --agent-only` in a new process: held-out agent
+    turns of the adapted model, every arm's tokens equal ordinary decoding's (checked by
+    the command), and the adapter's own drafter is the one that drafted."""
+    out = tmp_path / "agent.json"
+    proc = subprocess.run([sys.executable, "-m", "jumpahead.bench.draft", "--adapter", "smol-agent", "--agent-only",
+                           "--tokens", "24", "--repeats", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["identical_outputs"] is True and doc["mismatches"] == []
+    agent = doc["agent_turns"]
+    assert agent["drafter"].endswith("smol-agent/drafter") and agent["turns"] == 8 and agent["batches_of_4"] == 2
+    assert agent["b1"]["drafter"]["proposals"] > 0 and agent["b4"]["drafter"]["accepted"] > 0
+    assert agent["b1"]["default_and_drafter_vs_default"]["wall"]["ratio"] > 0
+
+
+def test_bench_draft_agent_turns_refuse_a_missing_adapter_or_drafter(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "jumpahead.bench.draft", "--agent-only"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2 and "--agent-only needs --adapter" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "jumpahead.bench.draft", "--adapter", str(tmp_path / "nowhere")],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2 and "adapter_config.json" in proc.stderr
+    bare = tmp_path / "bare"
+    shutil.copytree(resolve_adapter("smol-agent"), bare, ignore=shutil.ignore_patterns("drafter"))
+    proc = subprocess.run([sys.executable, "-m", "jumpahead.bench.draft", "--adapter", str(bare), "--agent-only"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2 and "has no drafter/ folder" in proc.stderr

@@ -399,3 +399,106 @@ def test_torch_trainer_reproduces_the_engine_and_its_weights_import(tmp_path, lo
         assert got[0]["tokens"] == got[1]["tokens"] and got[2]["tokens"] == got[3]["tokens"]
     finally:
         eng.close()
+
+
+def _ab_summary(folder: Path, adapter: dict | None, saved: list[float], differ: int = 0) -> dict:
+    """The summary of a made-up live A/B of `default+drafter` against `default` whose
+    server loaded the drafter in `folder`: per seed, the drafter arm `saved[i]` s faster;
+    `differ` seeds with another output."""
+    from jumpahead.live.summary import summarize
+
+    def rec(arm: str, seed: int, model_s: float, content: str) -> dict:
+        turn = {"wall_s": model_s, "completion_tokens": 10, "content": content, "calls": [],
+                "fill": {"tokens": {"sampled": 10}}, "timings": {"prefill_s": 0.1, "decode_s": model_s - 0.1,
+                                                                 "rounds": 1, "round_ms": [[100.0, 1]]}}
+        return {"arm": arm, "seed": seed, "success": True, "status": "answered", "wall_s": model_s, "turns": [turn]}
+
+    records = []
+    for seed, gain in enumerate(saved):
+        records += [rec("ordinary", seed, 9.0, "x"), rec("default", seed, 5.0, f"said {seed}"),
+                    rec("default+drafter", seed, 5.0 - gain, f"said {seed}" + ("!" if seed < differ else ""))]
+    summary = summarize(records, ["ordinary", "default", "default+drafter"])
+    served = {"model": "SmolLM2-135M-Instruct", "adapter": adapter, "drafter": str(folder), "device": "cpu"}
+    summary["run"] = {"served_by_arm": {"default+drafter": served}, "command": "jumpahead live ...",
+                      "tasks_per_arm": len(saved), "concurrency": 2}
+    return summary
+
+
+def test_a_drafter_joins_the_defaults_only_where_its_measurement_says_it_pays(tmp_path):
+    """`live --record-drafter` writes the A/B into the drafter's folder; `serve` reads
+    the figures: on only with the whole CI above zero, every seed's output equal, enough
+    tasks, no fewer solved, and the same adapter."""
+    from jumpahead.engine.drafter import MIN_PAIRED_TASKS, measured_pays, read_measurement
+    from jumpahead.live.drafter_measurement import DrafterMeasurementError, record_measurement
+
+    adapter = {"name": "agent", "digest": "0123456789abcdef"}
+    folder = tmp_path / "drafter"
+    folder.mkdir()
+    assert measured_pays(read_measurement(folder), "0123456789abcdef")[0] is False  # nothing recorded
+    gains = [1.0 + 0.1 * (i % 5) for i in range(MIN_PAIRED_TASKS)]
+    path = record_measurement(_ab_summary(folder, adapter, gains), "heldout")
+    record = read_measurement(folder)
+    assert path == folder / "measured.json" and record["versus"]["paired_tasks"] == MIN_PAIRED_TASKS
+    pays, why = measured_pays(record, "0123456789abcdef")
+    assert pays and "over 30 tasks" in why, why
+    assert not measured_pays(record, None)[0] and not measured_pays(record, "fedcba9876543210")[0]  # another model
+    # each condition alone turns it off
+    noisy = [(-3.0 if i % 2 else 3.5) for i in range(MIN_PAIRED_TASKS)]  # mean > 0, the CI straddles zero
+    cases = {"not above zero": _ab_summary(folder, adapter, noisy),
+             "outputs differed on 1 seeds": _ab_summary(folder, adapter, gains, differ=1),
+             "paired tasks measured": _ab_summary(folder, adapter, gains[:MIN_PAIRED_TASKS - 1])}
+    for reason, summary in cases.items():
+        record_measurement(summary, "heldout")
+        pays, why = measured_pays(read_measurement(folder), "0123456789abcdef")
+        assert not pays and reason in why, (reason, why)
+    with pytest.raises(DrafterMeasurementError, match="held-out"):
+        record_measurement(_ab_summary(folder, adapter, gains), "train")
+    (folder / "measured.json").write_text("{not json")
+    assert read_measurement(folder) is None
+
+
+def test_serve_adds_the_adapters_drafter_to_its_defaults_where_it_pays(tmp_path):
+    """The real engine with the shipped adapter fused (a copy, whose drafter/ folder this
+    test writes the measurement into): `attach_drafter(auto)` adds method 'drafter' to
+    the defaults only with a paying measurement for this adapter, never over --methods."""
+    import hashlib
+
+    from jumpahead.app.serve import attach_drafter
+    from jumpahead.engine.drafter import MIN_PAIRED_TASKS, adapter_drafter_path, measured_pays, read_measurement
+    from jumpahead.engine.engine import Engine, EngineConfig
+    from jumpahead.live.adapter import resolve_adapter
+    from jumpahead.live.drafter_measurement import record_measurement
+
+    shipped = resolve_adapter("smol-agent")
+    if not adapter_drafter_path(shipped).is_dir():
+        pytest.fail(f"the shipped adapter has no drafter at {adapter_drafter_path(shipped)}")
+    adapter = tmp_path / "agent"
+    shutil.copytree(shipped, adapter)
+    (adapter / "drafter" / "measured.json").unlink(missing_ok=True)
+    eng = Engine.load(None, EngineConfig(prefix_cache=False), progress=lambda s: None, adapter=str(adapter))
+    try:
+        digest = eng.info.adapter_digest
+        base = tuple(eng.config.default_methods)
+
+        def attach(explicit: bool = False) -> tuple:
+            eng.config.default_methods = base
+            assert attach_drafter(eng, "auto", explicit_methods=explicit) is None
+            assert eng.drafter.drafter.folder == str((adapter / "drafter").resolve())
+            return tuple(eng.config.default_methods)
+
+        assert "drafter" not in attach()  # no measurement: off
+        gains = [1.5] * MIN_PAIRED_TASKS
+        record_measurement(_ab_summary(adapter / "drafter", {"name": "agent", "digest": digest}, gains), "heldout")
+        assert attach() == (*base, "drafter")
+        assert attach(explicit=True) == base  # --methods chose
+        record_measurement(_ab_summary(adapter / "drafter", {"name": "agent", "digest": "another"}, gains), "heldout")
+        assert "drafter" not in attach()  # measured on another adapter
+    finally:
+        eng.close()
+    # the shipped adapter's drafter carries its own measurement, made for exactly that adapter
+    shipped_digest = hashlib.sha256((shipped / "adapters.safetensors").read_bytes()).hexdigest()[:16]
+    assert digest == shipped_digest
+    pays, why = measured_pays(read_measurement(adapter_drafter_path(shipped)), shipped_digest)
+    assert pays, f"the shipped smol-agent drafter's measurement: {why}"
+    # the default model's shipped drafter has none: off for the base model
+    assert not measured_pays(read_measurement(SHIPPED), None)[0]

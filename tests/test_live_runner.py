@@ -217,11 +217,43 @@ def test_live_oracle_prefers_the_call_the_model_names() -> None:
     assert named_last("I write the files.", calls) == 0
 
 
+def _said(rec: dict, content: str) -> dict:
+    rec["turns"][0]["content"] = content
+    return rec
+
+
+def test_versus_pairs_an_arm_with_the_arm_it_extends() -> None:
+    """`default+drafter` against `default` (not against ordinary): time to success saved
+    over the seeds both solve or retry within the budget, a fast failure charged its redo
+    (never a saving), and outputs compared seed by seed."""
+    t = lambda s: _turn(s, 0.1, s - 0.1, PLAIN, 11, 11)  # noqa: E731 - a turn of s seconds
+    records = [_rec("ordinary", 1, True, 3.0, [t(3.0)]), _rec("ordinary", 2, True, 3.0, [t(3.0)]),
+               _rec("ordinary", 3, False, 3.0, [t(3.0)]),
+               _said(_rec("default", 1, True, 2.0, [t(2.0)]), "a"), _said(_rec("default", 2, True, 2.0, [t(2.0)]), "b"),
+               _said(_rec("default", 3, False, 2.0, [t(2.0)]), "c"),
+               _said(_rec("default+drafter", 1, True, 1.5, [t(1.5)]), "a"),
+               # seed 2: fails fast where default solved it: charged ordinary's redo
+               _said(_rec("default+drafter", 2, False, 0.2, [t(0.2)]), "b?"),
+               _said(_rec("default+drafter", 3, False, 1.0, [t(1.0)]), "c")]
+    s = summarize(records, ["ordinary", "default", "default+drafter"])
+    assert set(s["versus"]) == {"default+drafter"}  # ordinary and default extend nothing in the run
+    v = s["versus"]["default+drafter"]
+    assert v["base"] == "default" and v["seeds"] == 3 and v["outputs_equal"] == 2
+    assert v["successes"] == {"default": 2, "default+drafter": 1}
+    # seed 3 has no time to success in either arm; seeds 1 and 2 pair: +0.5 s and 2.0 - (0.2 + 3.0) s
+    assert v["paired_tasks"] == 2
+    assert v["tts_s_saved_per_task"]["mean"] == pytest.approx((0.5 + (2.0 - 3.2)) / 2)
+    assert v["tts_s_saved_per_task"]["mean"] < 0.5  # the fast failure did not count as a saving
+
+
 def test_arms_map_to_servers_and_requests() -> None:
     arms = {a.name: a for a in parse_live_arms("echo,default+oracle-jump,mistaken-jump:rate=0.3,base=oracle")}
-    assert list(arms)[0] == "ordinary" and arms["ordinary"].serve_args() == ["--methods", "none"]
+    # only an arm that runs method "drafter" loads a drafter
+    assert list(arms)[0] == "ordinary" and arms["ordinary"].serve_args() == ["--methods", "none", "--drafter", "none"]
     assert arms["echo"].request_field() == {"methods": ["echo", "none"]}
-    assert arms["default+oracle-jump"].serve_args() == ["--policy", "jumpahead.live.oracle:LiveOracleJump"]
+    assert arms["default+oracle-jump"].serve_args() == ["--drafter", "none",
+                                                        "--policy", "jumpahead.live.oracle:LiveOracleJump"]
+    assert parse_live_arm("default").serve_args() == ["--drafter", "none"]
     assert arms["default+oracle-jump"].request_field() == {} and arms["default+oracle-jump"].oracle
     assert arms["mistaken-jump:rate=0.3,base=oracle"].policies == [
         "jumpahead.live.oracle:LiveMistakenJump:rate=0.3,base=oracle"]
