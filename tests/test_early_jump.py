@@ -293,8 +293,8 @@ def test_registry_and_arms():
         ("ordinary", [], ["none"]), ("early-jump", ["early-jump"], ["none"]),
         ("early-jump:verify=1", ["early-jump:verify=1"], ["none"])]
     live = parse_live_arms("ordinary,early-jump,early-jump:verify=1")
-    assert [a.serve_args() for a in live[1:]] == [["--methods", "none", "--policy", "early-jump"],
-                                                  ["--methods", "none", "--policy", "early-jump:verify=1"]]
+    assert [a.serve_args() for a in live[1:]] == [["--methods", "none", "--drafter", "none", "--policy", "early-jump"],
+                                                  ["--methods", "none", "--drafter", "none", "--policy", "early-jump:verify=1"]]
     assert not any(a.oracle for a in live)
 
 

@@ -113,9 +113,9 @@ def test_arms_parse_in_replay_and_live():
         ("jump:sources=output", ["jump:sources=output"], ["none"])]
     live = parse_live_arms(names)
     assert [a.serve_args() for a in live[1:]] == [
-        ["--methods", "none", "--policy", "jump:sources=context"],
-        ["--methods", "none", "--policy", "jump:sources=context,verify=1"],
-        ["--methods", "none", "--policy", "jump:sources=output"]]
+        ["--methods", "none", "--drafter", "none", "--policy", "jump:sources=context"],
+        ["--methods", "none", "--drafter", "none", "--policy", "jump:sources=context,verify=1"],
+        ["--methods", "none", "--drafter", "none", "--policy", "jump:sources=output"]]
 
 
 def test_live_world_edit_file_gets_an_edit_plan(tok):

@@ -105,7 +105,7 @@ def test_a_registered_method_is_usable_by_name(replaycopy) -> None:
     assert "replaycopy" in ARMS and parse_arm("replaycopy").methods == ["replaycopy", "none"]
     assert parse_arm("strict+replaycopy").methods == ["strict", "replaycopy"]
     live = parse_live_arm("replaycopy")
-    assert live.request_field() == {"methods": ["replaycopy", "none"]} and live.serve_args() == ["--methods", "none"]
+    assert live.request_field() == {"methods": ["replaycopy", "none"]} and live.serve_args() == ["--methods", "none", "--drafter", "none"]
     with pytest.raises(ValueError, match="already registered"):
         register(Method("replaycopy", "replaycopy", True))
 
