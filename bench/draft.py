@@ -76,6 +76,11 @@ def _method_stats(rows: list[dict[str, Any]], method: str) -> dict[str, Any]:
             "sat_out": sat_out}
 
 
+def _progress(line: str) -> None:
+    """A progress line on stderr (the bench runs for minutes; stdout carries the JSON)."""
+    print(f"bench draft: {line}", file=sys.stderr, flush=True)
+
+
 def run(drafter: str | None, model: str | None = None, tokens: int = 96, repeats: int = 3,
         draft_model: str | None = DEFAULT_DRAFT_MODEL) -> dict[str, Any]:
     path = str(drafter or default_drafter_path())
@@ -124,6 +129,7 @@ def run(drafter: str | None, model: str | None = None, tokens: int = 96, repeats
         finally:
             config.compose_copies = True
     for r in range(repeats):
+        _progress(f"repeat {r + 1}/{repeats}")
         flip = r % 2 == 1
         alone(plain, arms_b1, "b1", "B=1", flip, r)
         got = {}
@@ -272,6 +278,7 @@ def agent_turns(adapter: str, model: str | None = None, tokens: int = 96, repeat
     mismatches: list[str] = []
     batches = [turns[i:i + 4] for i in range(0, len(turns) - 3, 4)]
     for r in range(repeats):
+        _progress(f"agent turns, repeat {r + 1}/{repeats}")
         order = list(AGENT_ARMS)[::-1] if r % 2 else list(AGENT_ARMS)
         for i, p in enumerate(turns):
             got = {arm: _rows(engine, [p], [AGENT_ARMS[arm]], tokens)["rows"][0] for arm in order}

@@ -231,9 +231,9 @@ def measured_pays(measurement: dict[str, Any] | None, adapter_digest: str | None
         versus = measurement["versus"]
         saved = versus["tts_s_saved_per_task"]
         solved = versus["successes"]
-        if measurement.get("adapter_digest") != adapter_digest:
-            return False, (f"measured with adapter {measurement.get('adapter_digest')}, "
-                           f"served with {adapter_digest}")
+        measured_digest = (measurement.get("adapter") or {}).get("digest")
+        if measured_digest != adapter_digest:
+            return False, f"measured with adapter {measured_digest}, served with {adapter_digest}"
         if int(versus["paired_tasks"]) < MIN_PAIRED_TASKS:
             return False, f"{versus['paired_tasks']} paired tasks measured (at least {MIN_PAIRED_TASKS})"
         if int(versus["outputs_equal"]) != int(versus["seeds"]):

@@ -55,13 +55,12 @@ def record_measurement(summary: dict[str, Any], seed_split: str) -> Path:
     record = {
         "kind": MEASUREMENT_KIND, "version": 1, "arm": ARM, "versus": versus,
         "model": served.get("model"), "adapter": adapter,
-        "adapter_digest": adapter.get("digest") if adapter else None,
         "seed_split": seed_split, "kinds": run.get("kinds"), "tasks_per_arm": run.get("tasks_per_arm"),
         "concurrency": run.get("concurrency"), "device": served.get("device"),
         "command": run.get("command"), "machine": run.get("machine"),
         "finished_utc": run.get("finished_utc") or time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
     }
-    pays, why = measured_pays(record, record["adapter_digest"])
+    pays, why = measured_pays(record, adapter.get("digest") if adapter else None)
     record["verdict_when_recorded"] = {"pays": pays, "why": why}  # serve recomputes it from the figures
     path = Path(folder) / MEASURED
     try:

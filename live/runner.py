@@ -205,7 +205,7 @@ class Run:
         self.records: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self.servers: dict[str, Any] = {}
-        self.served: dict[str, Any] = {}  # what the first server up reports (/health): model, device
+        self.served: dict[str, Any] = {}  # per arm, what its server reports (/health), in the order they came up
         self.done = 0
 
     def log(self, text: str) -> None:
@@ -233,7 +233,6 @@ class Run:
             with self._lock:
                 self.servers[arm.name] = server
                 self.served[arm.name] = _served(server)
-                self.served.setdefault("model", self.served[arm.name])
             self.log(f"live: server for {arm.name} up in {time.monotonic() - t0:.1f} s ({' '.join(args)})")
 
         with ThreadPoolExecutor(max_workers=min(STARTING_AT_ONCE, len(self.o.arms))) as pool:
@@ -356,7 +355,8 @@ class Run:
                           "agent": vars(self.o.agent) if self.o.agent is not None else None,
                           "command": self.o.command or equivalent_command(self.o),
                           "command_source": "command line" if self.o.command else "run_live options",
-                          "served": self.served.get("model") or self._earlier_run().get("served"),
+                          "served": next((s for s in self.served.values() if s), None)
+                                    or self._earlier_run().get("served"),
                           # each arm's server (/health): the drafter it loaded, for --record-drafter
                           "served_by_arm": {a.name: self.served.get(a.name) or
                                             (self._earlier_run().get("served_by_arm") or {}).get(a.name)
@@ -423,16 +423,15 @@ def run(args: argparse.Namespace) -> int:
     table = {arm: {"success": s["success_rate"], "ci95": s["success_ci95"],
                    "wall_s_median": s["wall_s_all"].get("median"), "net_s": s["totals"]["net_s"]}
              for arm, s in summary["per_arm"].items()}
-    recorded = None
+    result: dict[str, Any] = {"out": str(out), "arms": table}
+    rc = 0
     if args.record_drafter:
         from .drafter_measurement import DrafterMeasurementError, record_measurement
 
         try:
-            recorded = str(record_measurement(summary, args.seed_split))
+            result["drafter_measurement"] = str(record_measurement(summary, args.seed_split))
         except DrafterMeasurementError as exc:
-            print(json.dumps({"out": str(out), "arms": table}, indent=1))
             print(f"jumpahead live: --record-drafter: {exc}", file=sys.stderr)
-            return 1
-    print(json.dumps({"out": str(out), "arms": table, **({"drafter_measurement": recorded} if recorded else {})},
-                     indent=1))
-    return 0
+            rc = 1
+    print(json.dumps(result, indent=1))
+    return rc

@@ -401,22 +401,24 @@ def test_torch_trainer_reproduces_the_engine_and_its_weights_import(tmp_path, lo
         eng.close()
 
 
-def _ab_summary(folder: Path, adapter: dict | None, saved: list[float], differ: int = 0) -> dict:
+def _ab_summary(folder: Path, adapter: dict | None, saved: list[float], differ: int = 0, fail: int = 0) -> dict:
     """The summary of a made-up live A/B of `default+drafter` against `default` whose
     server loaded the drafter in `folder`: per seed, the drafter arm `saved[i]` s faster;
-    `differ` seeds with another output."""
+    `differ` seeds with another output; `fail` seeds the drafter arm does not solve."""
     from jumpahead.live.summary import summarize
 
-    def rec(arm: str, seed: int, model_s: float, content: str) -> dict:
+    def rec(arm: str, seed: int, model_s: float, content: str, success: bool = True) -> dict:
         turn = {"wall_s": model_s, "completion_tokens": 10, "content": content, "calls": [],
                 "fill": {"tokens": {"sampled": 10}}, "timings": {"prefill_s": 0.1, "decode_s": model_s - 0.1,
                                                                  "rounds": 1, "round_ms": [[100.0, 1]]}}
-        return {"arm": arm, "seed": seed, "success": True, "status": "answered", "wall_s": model_s, "turns": [turn]}
+        return {"arm": arm, "seed": seed, "success": success, "status": "answered", "wall_s": model_s,
+                "turns": [turn]}
 
     records = []
     for seed, gain in enumerate(saved):
         records += [rec("ordinary", seed, 9.0, "x"), rec("default", seed, 5.0, f"said {seed}"),
-                    rec("default+drafter", seed, 5.0 - gain, f"said {seed}" + ("!" if seed < differ else ""))]
+                    rec("default+drafter", seed, 5.0 - gain, f"said {seed}" + ("!" if seed < differ else ""),
+                        success=seed >= fail)]
     summary = summarize(records, ["ordinary", "default", "default+drafter"])
     served = {"model": "SmolLM2-135M-Instruct", "adapter": adapter, "drafter": str(folder), "device": "cpu"}
     summary["run"] = {"served_by_arm": {"default+drafter": served}, "command": "jumpahead live ...",
@@ -446,7 +448,9 @@ def test_a_drafter_joins_the_defaults_only_where_its_measurement_says_it_pays(tm
     noisy = [(-3.0 if i % 2 else 3.5) for i in range(MIN_PAIRED_TASKS)]  # mean > 0, the CI straddles zero
     cases = {"not above zero": _ab_summary(folder, adapter, noisy),
              "outputs differed on 1 seeds": _ab_summary(folder, adapter, gains, differ=1),
-             "paired tasks measured": _ab_summary(folder, adapter, gains[:MIN_PAIRED_TASKS - 1])}
+             "paired tasks measured": _ab_summary(folder, adapter, gains[:MIN_PAIRED_TASKS - 1]),
+             # one more seed, so that the unsolved one leaves enough pairs and only this condition fails
+             "solved 30 against 31": _ab_summary(folder, adapter, gains + [1.0], fail=1)}
     for reason, summary in cases.items():
         record_measurement(summary, "heldout")
         pays, why = measured_pays(read_measurement(folder), "0123456789abcdef")

@@ -317,6 +317,10 @@ def test_two_tasks_two_arms_through_real_servers(live_run) -> None:
     assert len(table) == 2 + len(summary["per_arm"]) and all(f"| {a} |" in "\n".join(table) for a in summary["arms"])
     assert {r["seed"] for r in lines if r["arm"] == "ordinary"} == {r["seed"] for r in lines if r["arm"] == "oracle-jump"}
     assert any(t.get("timings", {}).get("decode_s") is not None for r in lines for t in r["turns"])
+    # each arm's server as /health described it; neither arm runs method drafter, so none loaded one
+    by_arm = summary["run"]["served_by_arm"]
+    assert set(by_arm) == set(summary["arms"]) and all(s["model"] and s["drafter"] is None for s in by_arm.values())
+    assert summary["run"]["served"] in by_arm.values()
     again = summarize(lines, [a.name for a in arms])
     for arm in summary["arms"]:
         s, recs = summary["per_arm"][arm], [r for r in lines if r["arm"] == arm]
