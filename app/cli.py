@@ -16,6 +16,7 @@ from collections.abc import Sequence
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("jumpahead.app.serve", "run the model server (OpenAI-compatible API)"),
+    "doctor": ("jumpahead.app.doctor", "what this machine gives the server (CPU, BLAS, MLX, speed, caches) and what to fix"),
     "bench": ("jumpahead.bench.command", "run a benchmark and print JSON (decode, fill, cache, attention)"),
     "report": ("jumpahead.traces.report", "build an HTML report from replay/analysis JSON"),
     "traces": ("jumpahead.traces.command", "import and analyse agent sessions"),

@@ -46,6 +46,8 @@ from typing import Any
 import mlx.core as mx  # the jumpahead.engine package has loaded OpenBLAS by now
 import numpy as np
 
+from .home import jumpahead_home
+
 Progress = Callable[[str], None]
 
 MARKER = "jumpahead.json"
@@ -802,11 +804,7 @@ def _write_hf_tokenizer(meta: dict, out_dir: Path, chat_template: str | None, gg
 
 def default_cache_dir() -> Path:
     """`$JUMPAHEAD_HOME`, else `$XDG_CACHE_HOME/jumpahead`, else `~/.cache/jumpahead`."""
-    if home := os.environ.get("JUMPAHEAD_HOME"):
-        return Path(home).expanduser()
-    if xdg := os.environ.get("XDG_CACHE_HOME"):
-        return Path(xdg).expanduser() / "jumpahead"
-    return Path.home() / ".cache" / "jumpahead"
+    return jumpahead_home()
 
 
 REQUIRED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")

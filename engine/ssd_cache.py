@@ -42,6 +42,7 @@ import mlx.core as mx
 import numpy as np
 
 from .threads import join_fully
+from .home import jumpahead_home
 
 log = logging.getLogger("jumpahead.engine.cache")
 
@@ -64,10 +65,8 @@ _ST_NAME = {v[0]: k for k, v in _DTYPES.items()}
 
 
 def default_cache_root() -> Path:
-    """`$JUMPAHEAD_HOME` or `~/.cache/jumpahead`, plus `prompt-cache`."""
-    home = os.environ.get("JUMPAHEAD_HOME")
-    base = Path(home).expanduser() if home else Path("~/.cache/jumpahead").expanduser()
-    return base / "prompt-cache"
+    """The jumpahead home (engine/home.py) plus `prompt-cache`."""
+    return jumpahead_home() / "prompt-cache"
 
 
 def model_dir_name(name: str) -> str:

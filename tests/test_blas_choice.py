@@ -1,0 +1,124 @@
+"""The BLAS choice (engine/blas.py): real build strings against real CPU feature sets,
+the probe on real libraries, and the choice this process made."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jumpahead.engine import blas
+
+# numpy's names for the features of real CPUs (as numpy's CPUID dispatch reports them).
+_BASE = {"MMX", "SSE", "SSE2", "SSE3", "SSSE3", "SSE41", "POPCNT", "SSE42", "X86_V2", "LAHF", "CX16"}
+SANDYBRIDGE = frozenset(_BASE | {"AVX"})
+HASWELL = frozenset(_BASE | {"AVX", "F16C", "FMA3", "AVX2", "MOVBE", "BMI", "BMI2", "LZCNT", "X86_V3"})
+ZEN1 = HASWELL  # AMD EPYC 7551 (Zen 1): AVX2 and FMA, no AVX-512 (the review's machine)
+SKYLAKE_X = frozenset(HASWELL | {"AVX512F", "AVX512CD", "AVX512VL", "AVX512BW", "AVX512DQ", "AVX512_SKX", "X86_V4"})
+
+# What the libraries themselves say (openblas_get_config / openblas_get_corename).
+CMEEL_WHEEL = {"kind": "openblas", "config": "OpenBLAS 0.3.31 NO_AFFINITY SKYLAKEX MAX_THREADS=4",
+               "corename": "SKYLAKEX", "max_threads": 4, "has_cblas": True}
+DEBIAN_ON_ZEN = {"kind": "openblas", "config": "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH NO_AFFINITY Zen MAX_THREADS=64",
+                 "corename": "Zen", "max_threads": 64, "has_cblas": True}
+HASWELL_ONLY = {"kind": "openblas", "config": "OpenBLAS 0.3.26 NO_AFFINITY HASWELL MAX_THREADS=64",
+                "corename": "HASWELL", "max_threads": 64, "has_cblas": True}
+BLIS = {"kind": "blis", "config": "BLIS 0.9.0", "corename": "zen", "has_cblas": True}
+
+
+def test_skylakex_wheel_refused_on_zen1_and_named():
+    ok, why = blas.decide(CMEEL_WHEEL, ZEN1, "x86_64")
+    assert not ok
+    assert "SKYLAKEX" in why and "AVX512F" in why
+
+
+def test_skylakex_wheel_accepted_where_avx512_is():
+    assert blas.decide(CMEEL_WHEEL, SKYLAKE_X, "x86_64")[0]
+
+
+def test_dynamic_arch_and_blis_accepted_on_any_x86():
+    for cpu in (SANDYBRIDGE, ZEN1, SKYLAKE_X):
+        assert blas.decide(DEBIAN_ON_ZEN, cpu, "x86_64")[0]
+        assert blas.decide(BLIS, cpu, "x86_64")[0]
+
+
+def test_haswell_build_needs_avx2_and_fma():
+    assert blas.decide(HASWELL_ONLY, HASWELL, "x86_64")[0]
+    ok, why = blas.decide(HASWELL_ONLY, SANDYBRIDGE, "x86_64")
+    assert not ok and "AVX2" in why and "FMA3" in why
+
+
+def test_unknown_single_target_core_refused_on_x86_but_left_to_the_probe_on_arm():
+    build = {**HASWELL_ONLY, "config": "OpenBLAS 0.3.40 NEWCORE MAX_THREADS=8", "corename": "NEWCORE"}
+    assert not blas.decide(build, SKYLAKE_X, "x86_64")[0]
+    assert blas.decide({**build, "corename": "NEOVERSEN1"}, frozenset(), "aarch64")[0]
+
+
+def test_a_library_without_cblas_is_refused():
+    assert not blas.decide({**DEBIAN_ON_ZEN, "has_cblas": False}, SKYLAKE_X, "x86_64")[0]
+
+
+def _cand(origin: str, mix_ms: float, accepted: bool = True) -> blas.Candidate:
+    return blas.Candidate(f"/x/{origin}", origin, accepted, "", {}, {"mix_ms": mix_ms})
+
+
+def test_choose_prefers_the_users_then_the_clearly_fastest():
+    system, blis_, wheel = _cand("system OpenBLAS", 10.0), _cand("system BLIS", 9.0), _cand("wheel cmeel-openblas", 5.0)
+    assert blas.choose([system, blis_, wheel]) is wheel  # 2x faster displaces the system one
+    assert blas.choose([system, blis_]) is system  # 10% faster is within the noise: keep the order
+    user = _cand("JUMPAHEAD_BLAS", 50.0)
+    assert blas.choose([user, system, wheel]) is user
+    user.accepted = False
+    assert blas.choose([user, system, wheel]) is wheel
+    assert blas.choose([_cand("system OpenBLAS", 1.0, accepted=False)]) is None
+
+
+def test_probe_refuses_what_is_not_a_blas(tmp_path, monkeypatch):
+    monkeypatch.setenv("JUMPAHEAD_BLAS_CACHE", "off")
+    libm = next((p for p in ("/lib/x86_64-linux-gnu/libm.so.6", "/lib/aarch64-linux-gnu/libm.so.6", "/usr/lib64/libm.so.6")
+                 if os.path.exists(p)), None)
+    if libm is None:
+        pytest.skip("no libm.so.6 at a known path")
+    c = blas.examine(blas.Candidate(libm, "JUMPAHEAD_BLAS"), blas.cpu_features())
+    assert not c.accepted and "CBLAS" in c.reason
+    junk = tmp_path / "libjunk.so"
+    junk.write_text("not an ELF file")
+    c = blas.examine(blas.Candidate(str(junk), "JUMPAHEAD_BLAS"), blas.cpu_features())
+    assert not c.accepted and "cannot be opened" in c.reason
+    c = blas.examine(blas.Candidate(str(tmp_path / "absent.so"), "JUMPAHEAD_BLAS"), blas.cpu_features())
+    assert not c.accepted and c.reason == "file not found"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the BLAS choice is Linux-only (Accelerate elsewhere)")
+def test_this_process_bound_a_checked_blas_and_mlx_computes_right():
+    import mlx.core as mx
+    import numpy as np
+
+    info = blas.blas_info()
+    details = blas.blas_details()
+    if info["path"] is None:
+        assert info["warnings"], "falling back to the reference BLAS must warn"
+    else:
+        chosen = next(c for c in details.considered if c["path"] == info["path"])
+        assert chosen["accepted"] and chosen["speed"]["gflops"] > 0
+    a = np.random.default_rng(1).standard_normal((67, 129)).astype(np.float32)
+    b = np.random.default_rng(2).standard_normal((129, 33)).astype(np.float32)
+    got = np.array(mx.array(a) @ mx.array(b))
+    assert np.allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the BLAS choice is Linux-only")
+def test_a_refused_jumpahead_blas_warns_and_falls_back_without_crashing(tmp_path):
+    junk = tmp_path / "libnotblas.so"
+    junk.write_text("not an ELF file")
+    env = {**os.environ, "JUMPAHEAD_BLAS": str(junk), "JUMPAHEAD_BLAS_CACHE": str(tmp_path / "cache.json")}
+    code = ("import jumpahead.engine, json; from jumpahead.engine.blas import blas_info; import mlx.core as mx; "
+            "x = mx.ones((8, 8)) @ mx.ones((8, 8)); print(json.dumps(blas_info())); assert float(x.sum()) == 512")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+                          cwd=Path(__file__).parent)
+    assert done.returncode == 0, done.stderr
+    assert f"JUMPAHEAD_BLAS={junk} refused" in done.stderr
+    assert "libnotblas" not in (done.stdout.strip().splitlines()[-1].split('"library"')[1].split(",")[0])
