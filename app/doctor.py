@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--no-model", action="store_true",
                         help="skip the default model's decode measurement (it loads the model: seconds)")
+    parser.add_argument("--reprobe", action="store_true",
+                        help="forget the cached BLAS verdicts and timings and probe every candidate again "
+                             "(timings taken under load are cached too: reprobe on a quiet machine)")
     parser.add_argument("--blas-threads", type=int, default=None, metavar="N",
                         help="BLAS threads to measure with (default: all cores, or $JUMPAHEAD_BLAS_THREADS)")
 
@@ -161,6 +164,8 @@ def render(r: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.reprobe:  # read before the engine package makes its choice on import
+        os.environ["JUMPAHEAD_BLAS_REPROBE"] = "1"
     import jumpahead.engine  # noqa: F401  (the BLAS choice runs before mlx is imported)
 
     report = collect(measure_model=not args.no_model, blas_threads=args.blas_threads)

@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to bind (default: 8000)")
     parser.add_argument("--max-batch", type=_positive, default=8, help="rows decoded together (default: 8)")
+    parser.add_argument("--blas-threads", type=_positive, default=None, metavar="N",
+                        help="threads of the BLAS library MLX's CPU matmuls run on (default: "
+                             "$JUMPAHEAD_BLAS_THREADS, else all cores; `jumpahead doctor` shows the choice)")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="log level (default: info)")
     parser.add_argument("--methods", default=None, metavar="LIST",
                         help="proposal methods for requests that name none, comma-separated: "
@@ -269,8 +272,14 @@ def run(args: argparse.Namespace) -> int:
 
         return run_upstream(args, policy_specs, trace_dir, access, script)
 
-    import jumpahead.engine  # noqa: F401  (loads OpenBLAS before mlx)
+    import jumpahead.engine  # noqa: F401  (chooses and binds the BLAS before mlx is imported)
+    from jumpahead.engine.blas import blas_info, set_blas_threads
     from jumpahead.engine.engine import Engine, EngineConfig
+
+    if args.blas_threads:
+        set_blas_threads(args.blas_threads)
+    blas = blas_info()
+    log.info("BLAS: %s (%s threads): %s", blas["library"], blas["threads"] or "-", blas["note"])
 
     from jumpahead.engine.methods import parse_methods
 

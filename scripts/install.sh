@@ -7,21 +7,25 @@ PY=${PYTHON:-python3}
 WITH_TESTS=0; [ "${1:-}" = --test ] && WITH_TESTS=1
 
 if [ "$(uname -s)" = Linux ]; then
-  # The OpenBLAS wheel (cmeel-openblas) that makes MLX's CPU build fast needs
-  # libgfortran.so.5 from the system.
-  if ! ldconfig -p 2>/dev/null | grep -q 'libgfortran.so.5 '; then
-    if command -v apt-get >/dev/null 2>&1; then
-      SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
-      echo "installing libgfortran5 (needed by OpenBLAS)"
-      $SUDO apt-get update -qq && $SUDO apt-get install -y -qq libgfortran5 >/dev/null
-    else
-      echo "warning: libgfortran.so.5 not found; MLX will fall back to its slow reference BLAS" >&2
-    fi
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  # MLX's Linux wheel links a slow reference BLAS; jumpahead binds a faster one at start
+  # (engine/blas.py), checked against this CPU. The distribution's OpenBLAS picks its
+  # kernels at run time (DYNAMIC_ARCH) and runs on any x86-64 CPU; the cmeel-openblas
+  # wheel (built for AVX-512 only) is a checked fallback and needs libgfortran5.
+  # With --test: qemu-user too (tests/test_blas_qemu.py runs the choice on emulated CPUs).
+  WANT="libopenblas0-pthread libgfortran5"; [ "$WITH_TESTS" = 1 ] && WANT="$WANT qemu-user"
+  MISSING=""
+  for pkg in $WANT; do dpkg -s "$pkg" >/dev/null 2>&1 || MISSING="$MISSING $pkg"; done
+  if [ -n "$MISSING" ] && command -v apt-get >/dev/null 2>&1 && command -v dpkg >/dev/null 2>&1; then
+    echo "installing$MISSING"
+    { $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $MISSING >/dev/null; } ||
+      echo "warning: could not install$MISSING; jumpahead will use the fastest BLAS it finds that this CPU runs (see: jumpahead doctor)" >&2
+  elif [ -n "$MISSING" ]; then
+    echo "note: install your distribution's OpenBLAS (e.g. libopenblas0-pthread) for fast CPU matmuls; see: jumpahead doctor" >&2
   fi
   # The dashboard's browser test (tests/test_dashboard.py) drives Debian's headless
   # Chromium; it skips where neither is installed. Only with --test: serving needs neither.
   if [ "$WITH_TESTS" = 1 ] && ! command -v chromedriver >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
-    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
     echo "installing chromium and chromium-driver (the dashboard's browser test)"
     { $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } ||
       echo "warning: chromium could not be installed; the dashboard's browser test will skip" >&2
