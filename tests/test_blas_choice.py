@@ -3,6 +3,7 @@ the probe on real libraries, and the choice this process made."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -122,3 +123,28 @@ def test_a_refused_jumpahead_blas_warns_and_falls_back_without_crashing(tmp_path
     assert done.returncode == 0, done.stderr
     assert f"JUMPAHEAD_BLAS={junk} refused" in done.stderr
     assert "libnotblas" not in (done.stdout.strip().splitlines()[-1].split('"library"')[1].split(",")[0])
+
+
+def test_doctor_reports_the_choice_and_measures(tmp_path):
+    """`jumpahead doctor` in a new process: the CPU, the BLAS it bound and every candidate's
+    verdict, a measured MLX matmul rate, the caches, advice (JSON form)."""
+    env = {**os.environ, "JUMPAHEAD_BLAS_CACHE": str(tmp_path / "cache.json")}
+    done = subprocess.run([sys.executable, "-m", "jumpahead.app.cli", "doctor", "--no-model", "--json"],
+                          capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["cpu"]["cores"] >= 1 and report["mlx"]["version"]
+    assert report["measured"]["mlx_matmul_gflops"] > 0
+    b = report["blas"]
+    if sys.platform == "linux":
+        assert b["candidates"], "at least the wheel or a system library is a candidate here"
+        for c in b["candidates"]:
+            assert c["accepted"] or c["reason"]
+        if b["path"] is None:
+            assert any("reference BLAS" in a for a in report["advice"])
+        else:
+            assert any(c["path"] == b["path"] and c["accepted"] for c in b["candidates"])
+    assert isinstance(report["advice"], list) and "sizes" in report["cache"]
+    text = subprocess.run([sys.executable, "-m", "jumpahead.app.cli", "doctor", "--no-model"], capture_output=True,
+                          text=True, env=env, timeout=300, cwd=tmp_path)
+    assert text.returncode == 0 and text.stdout.startswith("cpu ") and "blas " in text.stdout
