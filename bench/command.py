@@ -26,6 +26,8 @@ KINDS: dict[str, tuple[str, str]] = {
            "at agent contexts, bytes per token, what fits 1 GiB"),
     "draft": ("jumpahead.bench.draft", "the learned drafter vs ordinary decoding (B=1, B=4), echo vs echo + drafter, "
               "a mixed batch; outputs checked token for token"),
+    "blas": ("jumpahead.bench.blas", "each BLAS this CPU can run vs the reference: GEMM GFLOP/s, default-model "
+             "decode and prefill tok/s, new process per arm"),
     "trace-size": ("jumpahead.bench.trace_size", "trace file bytes: delta-encoded turn lines vs every turn whole"),
 }
 
