@@ -94,6 +94,7 @@ print(json.dumps({"blas": blas.blas_info()["path"], "top": top, "logits": [float
 """
 
 
+@pytest.mark.slow  # importing torch and transformers (mlx-lm's loader) under emulation takes minutes
 def test_default_model_forward_on_a_cpu_without_avx512(tmp_path, loaded_model):
     """The default model's forward under the emulated Haswell, with the BLAS chosen
     there, matches the forward here: the same top tokens, logits within float32 noise."""
