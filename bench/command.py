@@ -28,6 +28,8 @@ KINDS: dict[str, tuple[str, str]] = {
               "a mixed batch; outputs checked token for token"),
     "blas": ("jumpahead.bench.blas", "each BLAS this CPU can run vs the reference: GEMM GFLOP/s, default-model "
              "decode and prefill tok/s, new process per arm"),
+    "claude-code": ("jumpahead.bench.claude_code", "a real `claude -p` 3-turn scripted task on the default model: "
+                    "prefix-cache hits and time to first token per turn"),
     "trace-size": ("jumpahead.bench.trace_size", "trace file bytes: delta-encoded turn lines vs every turn whole"),
 }
 
