@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,6 +126,7 @@ class Script(BaseHooks):
         self.prompt_limit = prompt_limit
         self.served = 0
         self._lock = threading.Lock()
+        self._starts: tuple[Any, frozenset[int]] | None = None  # (tokenizer, its message start ids)
 
     @classmethod
     def load(cls, path: str | Path, prompt_limit: int | None = None) -> Script:
@@ -159,6 +160,11 @@ class Script(BaseHooks):
             return len(turn.text.encode()) + len(turn.reasoning.encode()) + calls + 64
         return max((size(t) for t in self.turns), default=64)
 
+    def _message_starts(self, tokenizer: Any) -> frozenset[int]:
+        if self._starts is None or self._starts[0] is not tokenizer:
+            self._starts = (tokenizer, message_start_ids(tokenizer))
+        return self._starts[1]
+
     def status(self) -> dict[str, Any]:
         return {"file": self.source, "turns": len(self.turns), "served": self.served}
 
@@ -174,7 +180,11 @@ class Script(BaseHooks):
             if room < 16:
                 raise invalid_request(f"script turn {index + 1} is {len(tokens)} tokens; it does not fit the "
                                       f"model's {engine.context_length}-token context", code="context_length_exceeded")
-            request.prompt = fit_prompt(request.prompt, min(room, self.prompt_limit or room))
+            # the grid of the cut: the configured limit, else the context (not `room`: it
+            # changes with each turn's answer, and the cut would move with it)
+            window = min(self.prompt_limit or engine.context_length, engine.context_length)
+            request.prompt = fit_prompt(request.prompt, min(room, window), window=window,
+                                        starts=self._message_starts(tokenizer))
             proposer = ScriptedProposer(tokens)
             request.proposers = [proposer]
             validate_request(engine, request)
@@ -298,12 +308,71 @@ def turn_tokens(tokenizer: Any, text: str) -> list[int]:
     return [int(t) for t in ids] + [int(eos)]
 
 
-def fit_prompt(prompt: list[int], limit: int) -> list[int]:
-    """The prompt cut to `limit` tokens: its head and its tail, the middle dropped."""
-    if len(prompt) <= limit:
+def fit_prompt(prompt: list[int], limit: int, *, window: int | None = None,
+               starts: Collection[int] = ()) -> list[int]:
+    """The prompt cut to at most `limit` tokens: a fixed head, a dropped middle, the tail.
+
+    Sticky, as the policies' rewrites are (policies/sticky.py): agents resend the whole
+    history every turn, appending to it, and a cut that moved with every turn (as a
+    half/half cut does) would leave every token after it to prefill again. So the cut
+    lies on a grid that the history's growth does not move:
+
+    - the grid comes from `window` (the configured prompt limit or the model's context:
+      the same every turn; default `limit`; `limit` itself where it is under three
+      quarters of it, a huge answer's turn): the head is its first quarter, a block is
+      another quarter;
+    - the dropped middle, right after the head, is the fewest whole blocks that make the
+      prompt fit. While the history grows by less than a block the count stays, so the
+      next turn's fitted prompt starts with this turn's; past it, one more block goes
+      (the cut moves once per block of growth, never back while the history only grows),
+      and the next turns fit again;
+    - `starts`: token ids that open a chat message (ChatML's <|im_start|>). The head ends
+      before one, and the tail begins at one, where one lies within a quarter block of
+      the grid's position (so the kept parts are whole messages where the prompt allows);
+      the search stays in the tokens the previous turn had, so it moves nothing.
+
+    A pure function of (prompt, limit, window, starts): a restarted server cuts the same
+    prompt the same way. The output keeps the prompt's newest tokens, the generation
+    prompt included: more than a quarter of the limit always, half the window less a
+    quarter block where the limit is the window. A cut between tokens never splits a
+    special token; it may split a message, as any cut without `starts` does.
+    """
+    n = len(prompt)
+    if n <= limit:
         return prompt
-    head = limit // 2
-    return prompt[:head] + prompt[len(prompt) - (limit - head):]
+    if limit <= 0:
+        return []
+    grid = max(limit, window or limit)
+    if 4 * limit < 3 * grid:  # the grid would leave too little tail: this turn's own
+        grid = limit
+    head = grid // 4
+    block = max(1, grid // 4)
+    dropped = block * -(-(n - limit) // block)  # the fewest whole blocks that fit
+    cut = head + dropped  # the tail's first token
+    reach = block // 4
+    if starts and reach:
+        at = set(starts)
+        head = next((i for i in range(head, max(head - reach, 0), -1) if prompt[i] in at), head)
+        cut = next((j for j in range(cut, min(cut + reach, n)) if prompt[j] in at), cut)
+    return prompt[:head] + prompt[cut:]
+
+
+def message_start_ids(tokenizer: Any) -> frozenset[int]:
+    """Token ids that open a chat message under the tokenizer's template: the first
+    token of a second message where it is a special token (ChatML's <|im_start|>, Llama
+    3's <|start_header_id|>); empty where the template does not say."""
+    try:
+        user = {"role": "user", "content": "x"}
+        one = tokenizer.apply_chat_template([user], tokenize=True)
+        two = tokenizer.apply_chat_template([user, {"role": "assistant", "content": "y"}], tokenize=True)
+        one, two = (list(t["input_ids"] if isinstance(t, dict) else t) for t in (one, two))
+        special = set(getattr(tokenizer, "all_special_ids", None) or ())
+    except Exception as exc:  # a template that wants other shapes: no message boundaries
+        log.debug("cannot find the template's message start token: %s", exc)
+        return frozenset()
+    if len(two) <= len(one) or two[: len(one)] != one or int(two[len(one)]) not in special:
+        return frozenset()
+    return frozenset({int(two[len(one)])})
 
 
 class ScriptedProposer:

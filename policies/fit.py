@@ -11,8 +11,10 @@ the window or 1024, whichever is more). Steps, applied in order until the prompt
 4. `bare-tools`: tool descriptions cut to 80 characters, schema descriptions (and
    `$schema` tags) dropped;
 5. `cut-middle`: the leading system messages, the first user message and the newest
-   messages that fit are kept (a last turn over half the room is clipped first); a note `[N earlier messages omitted ...]` stands for
-   the rest; a tool call and its results are never split;
+   messages that fit are kept (a last turn over half the room is clipped first); a note
+   `[N earlier messages omitted ...]` stands for the rest; a tool call and its results
+   are never split. The cut lies on a grid: the first message at least k blocks (a
+   third of the room the head leaves) into the history, k the fewest that fit;
 6. `clip`: long texts (content, reasoning, string arguments of tool calls) of the
    messages between the head and the last turn keep their head and tail;
 7. `clip-head`: the system messages and the first user message too;
@@ -20,7 +22,10 @@ the window or 1024, whichever is more). Steps, applied in order until the prompt
 
 Sticky: the steps a session needed stay applied at its later turns (each is a pure
 function of the history, and the cut only moves later), so consecutive turns share a
-prefix. What was done goes to ctx.notes (the runtime reports it in usage).
+prefix. The cut's grid is counted from the head in the messages' own tokens, so an
+appended message moves no grid point: the cut stays while the history grows by less
+than a block, then skips a whole block, and a restarted server (no memo) places it
+where the session had it. What was done goes to ctx.notes (the runtime reports it in usage).
 """
 
 from __future__ import annotations
@@ -152,23 +157,26 @@ class Fit(Policy):
         def cut(n: int) -> "Turn":
             return _omit(turn, head, starts[n])
 
-        # Keep last turn's cut while it fits; else the earliest later start that fits
-        # with a quarter of the room to spare, so the next turns keep this cut (and
-        # their prefix) instead of moving it by one message each turn.
-        lo, hi = floor, len(starts) - 1
-        if len(render(ctx.tokenizer, cut(lo))) > limit:
-            target = limit - (limit - _fixed_tokens(ctx, turn, head)) // 4
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if len(render(ctx.tokenizer, cut(mid))) <= target:
-                    hi = mid
-                else:
-                    lo = mid + 1
-        start = starts[lo]
+        # The cut lies on a grid the history's growth does not move: the first message
+        # that starts at least k blocks (a third of the room the head leaves) after the
+        # head, k the fewest that fit. A restarted server places it where the session
+        # had it; the session keeps its cut while it fits (the memo's floor), and one
+        # that must move skips a whole block, so the next turns keep it (and their prefix).
+        grid = _grid(ctx, turn, head, starts, limit, memo)
+        candidates = sorted({floor, *(n for n in grid if n > floor)})
+        lo, hi = 0, len(candidates) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if len(render(ctx.tokenizer, cut(candidates[mid]))) <= limit:
+                hi = mid
+            else:
+                lo = mid + 1
+        n = candidates[lo]
+        start = starts[n]
         if start == head:  # nothing omitted
             return turn
         memo["cut"] = {"first_kept": message_identity(originals[start]), "omitted": start - head}
-        return cut(lo)
+        return cut(n)
 
     def _shrink_huge_last_turn(self, ctx: RequestContext, turn: "Turn", head: int, limit: int,
                                memo: dict[str, Any]) -> "Turn":
@@ -256,9 +264,40 @@ def _head_length(messages: list["Message"]) -> int:
     return (first_user + 1) if first_user is not None else i
 
 
-def _fixed_tokens(ctx: RequestContext, turn: "Turn", head: int) -> int:
-    """Prompt tokens of what a cut always keeps (tools, head, the newest message)."""
-    return len(render(ctx.tokenizer, _omit(turn, head, len(turn.messages) - 1)))
+def _grid(ctx: RequestContext, turn: "Turn", head: int, starts: list[int], limit: int,
+          memo: dict[str, Any]) -> list[int]:
+    """Indices into `starts` where the cut may lie: for k = 0, 1, 2, ..., the first
+    message start at least k blocks of tokens after the head (the last start, the newest
+    message, ends the list). A block is a third of the room that the tools and the
+    head leave under `limit` (a quarter moved the cut more often on the public sessions,
+    a half kept less history); positions are counted in the messages' own text tokens,
+    so an appended message moves none of them."""
+    messages = turn.messages
+    base = len(render(ctx.tokenizer, with_messages(turn, list(messages[:head]))))
+    block = max(1, (limit - base) // 3)
+    sizes = memo.setdefault("sizes", {})  # identity -> text tokens (messages are resent unchanged)
+    offsets, total = {}, 0
+    for i in range(head, len(messages)):
+        offsets[i] = total
+        key = message_identity(messages[i])
+        if key not in sizes:
+            sizes[key] = _message_size(ctx.tokenizer, messages[i])
+        total += sizes[key]
+    grid, k = [], 0
+    for n, i in enumerate(starts):
+        if offsets[i] >= k * block:
+            grid.append(n)
+            k = offsets[i] // block + 1  # the next block boundary past it
+    if not grid or grid[-1] != len(starts) - 1:
+        grid.append(len(starts) - 1)
+    return grid
+
+
+def _message_size(tokenizer: Any, message: "Message") -> int:
+    """Text tokens of a message (content, reasoning, tool calls) and a few for its frame."""
+    parts = [message.content or "", message.reasoning or "", *(f"{c.name} {c.arguments}" for c in message.tool_calls)]
+    text = "\n".join(p for p in parts if p)
+    return (len(tokenizer.encode(text, add_special_tokens=False)) if text else 0) + 4
 
 
 def _omit(turn: "Turn", head: int, start: int) -> "Turn":

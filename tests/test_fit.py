@@ -145,6 +145,45 @@ def test_long_session_fits_turn_after_turn_with_a_sticky_cut(name: str) -> None:
     assert prefilled < 0.5 * total
 
 
+def test_the_cut_moves_in_whole_blocks_and_a_restart_places_it_again() -> None:
+    """A history that only grows (short assistant and user messages, nothing to mask)
+    under a 1k limit: each prompt extends the one before except where the cut moves, the
+    cut moves at most once per block of growth (a third of the room the head leaves) and
+    by a block at a time, and a fresh session (a restarted server, no memo) gives every
+    turn the very prompt the running session gave it."""
+    tokenizer = default_tokenizer()
+    messages = [Message("system", "You are a careful coding agent. Keep answers short. " * 12),
+                Message("user", "Fix the failing test in the parser module.")]
+    state = SessionState("grow")
+    previous: list[int] | None = None
+    moves, sizes, omitted = 0, [], []
+    for n in range(60):
+        messages = [*messages, Message("assistant", f"Step {n}: I looked at parser line {10 * n} and changed it."),
+                    Message("user", f"Now run the tests again (round {n}).")]
+        turn = Turn(messages=list(messages))
+        ctx = RequestContext(turn=turn, session=state, tokenizer=tokenizer, context_length=2048)
+        out = Fit().on_request(ctx) or turn
+        ids = render_prompt(tokenizer, out)
+        limit = 2048 - reserve_for(turn, 2048)
+        assert len(ids) <= limit and out.messages[-1] == messages[-1] and out.messages[:2] == messages[:2]
+        fresh = RequestContext(turn=Turn(messages=list(messages)), session=SessionState("restarted"),
+                               tokenizer=tokenizer, context_length=2048)
+        assert render_prompt(tokenizer, Fit().on_request(fresh) or turn) == ids, f"turn {n}: a restart cuts elsewhere"
+        note = ctx.notes[0] if ctx.notes else {}
+        omitted.append(note.get("omitted_messages", 0))
+        if previous is not None and ids[:len(previous)] != previous:
+            moves += 1
+            assert omitted[-1] > omitted[-2], "the prefix broke without the cut moving"
+        previous = ids
+        sizes.append(len(render_prompt(tokenizer, turn)))
+    head = len(render_prompt(tokenizer, Turn(messages=messages[:2])))
+    block = (limit - head) // 3
+    assert omitted[-1] > 0 and 1 <= moves <= (sizes[-1] - limit) // block + 2, (moves, omitted)
+    steps = [b - a for a, b in zip(omitted, omitted[1:]) if b != a]
+    assert min(steps[1:]) >= 6, steps  # a block of these ~25-token messages at least, never one message a turn
+    print(f"\n60 growing turns: {moves} cut moves, omitted messages {sorted(set(omitted))}")
+
+
 def test_steps_are_in_cost_order() -> None:
     assert STEPS == ("mask", "clear-thinking", "short-tools", "bare-tools", "cut-middle", "clip", "clip-head", "clip-last")
 

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
 from jumpahead.engine.proposal import RowView
@@ -20,6 +22,7 @@ from jumpahead.core.script import (
     ScriptError,
     ScriptTurn,
     fit_prompt,
+    message_start_ids,
     parse_script,
     render_turn,
     turn_tokens,
@@ -107,11 +110,131 @@ def test_render_turn_in_the_model_format_parses_back(loaded_model):
     assert turn_tokens(tokenizer, "") == [tokenizer.eos_token_id]
 
 
-def test_fit_prompt_keeps_head_and_tail():
+def test_fit_prompt_keeps_a_fixed_head_and_drops_whole_blocks():
     prompt = list(range(100))
-    assert fit_prompt(prompt, 200) is prompt
-    cut = fit_prompt(prompt, 10)
-    assert cut == [0, 1, 2, 3, 4, 95, 96, 97, 98, 99]
+    assert fit_prompt(prompt, 200) is prompt and fit_prompt(prompt, 100) is prompt
+    # a quarter of the limit for the head, the middle in blocks of a quarter: 90 over, 45 blocks of 2
+    assert fit_prompt(prompt, 10) == [0, 1, *range(92, 100)]
+    assert fit_prompt(prompt, 9) == [0, 1, *range(94, 100)]  # 91 over: 46 blocks, a token of slack
+    # the grid comes from the window (the same every turn) when the limit is near it
+    assert fit_prompt(prompt, 10, window=12) == [0, 1, 2, *range(93, 100)]
+    assert fit_prompt(prompt, 10, window=40) == [0, 1, *range(92, 100)]  # a window far over: the limit's own
+    assert fit_prompt(prompt, 0) == []
+    # message starts (-1 here) within a quarter block of the grid (head 10, cut 170): the
+    # head ends before one and the tail begins at one; farther ones are not used
+    chat = list(range(200))
+    for i in (5, 9, 171, 175):
+        chat[i] = -1
+    assert fit_prompt(chat, 40) == chat[:10] + chat[170:]
+    assert fit_prompt(chat, 40, starts={-1}) == chat[:9] + chat[171:]
+
+
+def _grow(tokens: list[int], start: int, steps: list[int], limit: int,
+          **kw) -> tuple[list[list[int]], list[list[int]]]:
+    """The prompts of a history that only grows (`start` tokens of `tokens`, then `steps`
+    more each turn: each prompt a prefix of the next) and their fits."""
+    prompts, n = [], start
+    for step in [0, *steps]:
+        n += step
+        prompts.append(tokens[:n])
+    return prompts, [fit_prompt(p, limit, **kw) for p in prompts]
+
+
+def _moves(fits: list[list[int]]) -> list[int]:
+    """Turns whose fitted prompt does not start with the previous one (the prefix cache misses after the head)."""
+    return [k for k in range(1, len(fits)) if fits[k][:len(fits[k - 1])] != fits[k - 1]]
+
+
+def test_fit_prompt_of_a_growing_history_extends_the_previous_fit():
+    """Agents resend the history with each turn appended. The fitted prompt of turn n+1
+    starts with turn n's, except where the cut moves: at most once per block of growth,
+    by a whole block (the old half/half cut moved on every turn)."""
+    import random
+
+    rng = random.Random(38)
+    base = [rng.randrange(2, 30000) for _ in range(6000)]
+    steps = [rng.randrange(5, 60) for _ in range(120)]  # tokens a turn adds: 32 on average
+    limit, block = 1024, 256
+    prompts, fits = _grow(base, 600, steps, limit)
+    assert len(prompts[0]) < limit < len(prompts[-1])
+    moves = _moves(fits)
+    growth = len(prompts[-1]) - len(prompts[0])
+    assert 1 <= len(moves) <= growth // block + 1, (len(moves), growth)
+    assert len(moves) <= len(fits) // 5  # most turns extend the previous prompt exactly
+    for k, (p, f) in enumerate(zip(prompts, fits)):
+        assert len(f) <= limit and f[-limit // 2:] == p[-limit // 2:]  # the newest tokens, the end of the prompt
+        if len(p) > limit:
+            assert f[:block] == p[:block] and len(f) > limit - block  # the fixed head; a block of slack at most
+        if k in moves and len(prompts[k - 1]) > limit:  # a move drops a whole block more
+            assert len(f) == len(fits[k - 1]) + len(p) - len(prompts[k - 1]) - block
+    # a restarted server cuts each prompt the same way
+    assert [fit_prompt(list(p), limit) for p in prompts] == fits
+
+
+def test_fit_prompt_cuts_at_message_starts_and_still_extends():
+    """With the template's message start token, the kept head ends before a message and
+    the tail begins with one (within a quarter block of the grid); the grid, and so the
+    prefix, still does not move while the history grows by less than a block."""
+    import random
+
+    rng = random.Random(7)
+    START = 1
+    base: list[int] = []
+    while len(base) < 4000:  # messages of 4..30 tokens: a start within any 32 tokens
+        base += [START, *(rng.randrange(2, 30000) for _ in range(rng.randrange(3, 30)))]
+    limit, block = 512, 128
+    prompts, fits = _grow(base, 400, [rng.randrange(5, 60) for _ in range(100)], limit, starts={START})
+    moves = _moves(fits)
+    assert 1 <= len(moves) <= (len(prompts[-1]) - len(prompts[0])) // block + 1
+    for p, f in zip(prompts, fits):
+        if len(p) <= limit:
+            continue
+        # the head ends before a message start (within a quarter block of its grid
+        # position), and the tail, the rest of the fit, begins with one
+        (head,) = [h for h in range(block - block // 4 + 1, block + 1)
+                   if f[:h] == p[:h] and f[h:] == p[len(p) - (len(f) - h):] and p[h] == START]
+        assert f[head] == START
+        assert limit // 2 <= len(f) <= limit
+
+
+@settings(max_examples=200, deadline=None, database=None, derandomize=True)
+@given(limit=st.integers(4, 600), over=st.one_of(st.none(), st.integers(0, 900)), start=st.integers(0, 900),
+       steps=st.lists(st.integers(1, 90), min_size=1, max_size=25), with_starts=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_fit_prompt_properties(limit, over, start, steps, with_starts, seed):
+    """Any limit, window and growing history: at most `limit` tokens; a head and a tail
+    of the prompt (the newest quarter of the limit at least); a pure function; each fit
+    extends the previous one but at most once per block of growth; a move drops a block."""
+    import random
+
+    rng = random.Random(seed)
+    total = start + sum(steps)
+    base = [1 if with_starts and rng.random() < 0.1 else rng.randrange(2, 500) for _ in range(total)]
+    window = None if over is None else limit + over
+    kw = {"window": window, "starts": {1} if with_starts else ()}
+    prompts, fits = _grow(base, start, steps, limit, **kw)
+    grid = max(limit, window or limit)
+    grid = limit if 4 * limit < 3 * grid else grid
+    block, reach = max(1, grid // 4), max(1, grid // 4) // 4
+    for p, f in zip(prompts, fits):
+        assert len(f) <= limit and fit_prompt(list(p), limit, **kw) == f
+        if len(p) <= limit:
+            assert f == p
+            continue
+        h = next((i for i in range(len(f)) if f[i] != p[i]), len(f))
+        assert f[h:] == p[len(p) - (len(f) - h):]  # a head and a tail of the prompt
+        assert len(f) - h > limit // 4 and len(f) > limit - block - 2 * reach  # the newest tokens; a block of slack
+    moves = _moves(fits)
+    assert len(moves) <= (len(prompts[-1]) - len(prompts[0])) // block + 1
+    for k in moves:
+        if len(prompts[k - 1]) > limit:  # the cut skips a whole block (a snap may take back a quarter)
+            assert len(fits[k]) <= len(fits[k - 1]) + len(prompts[k]) - len(prompts[k - 1]) - block + reach
+
+
+def test_message_start_ids_of_the_default_template(loaded_model):
+    tokenizer = loaded_model[1]
+    (start,) = message_start_ids(tokenizer)
+    assert tokenizer.convert_ids_to_tokens(start) == "<|im_start|>"
 
 
 def test_scripted_proposer_follows_the_row_and_counts_strays():
@@ -143,7 +266,7 @@ def test_scripted_turn_runs_through_the_model(engine):
     turn = Turn(messages=[Message("system", "You are helpful. " * 40), Message("user", "create hello.txt")],
                 tools=[WRITE])
     prepared = prepare_turn(engine, turn, hooks=[script])
-    assert len(prepared.request.prompt) == 48 and prepared.script_turn == 0
+    assert 36 < len(prepared.request.prompt) <= 48 and prepared.script_turn == 0
     kinds: list[str] = []
 
     async def run() -> TurnOutput:
@@ -180,3 +303,56 @@ def test_long_prompt_is_cut_to_fit_and_invalid_requests_keep_their_turn(engine):
     huge = Turn(messages=[Message("user", "word " * (engine.context_length + 10))])
     prepared = prepare_turn(engine, huge, hooks=[script])  # script mode: the prompt is cut to fit the context
     assert len(prepared.request.prompt) <= engine.context_length - 2 and script.served == 1
+
+
+def test_growing_prompts_over_the_limit_hit_the_prefix_cache(loaded_model):
+    """The real server in script mode, three chat requests of an agent's growing history
+    (each resends the one before, the answer and a new user message appended), all over
+    the 512-token prompt limit: the cut stays where turn 1 put it, so turns 2 and 3 find
+    the whole previous prompt in the prefix cache (usage cached_tokens) and prefill only
+    what the turn added. (The old half/half cut moved every turn: about half the limit
+    cached, the other half prefilled again.)"""
+    import httpx
+
+    from jumpahead.core.prompt import render_prompt
+
+    from .serving import SCRIPT_SLICE, engine_of, serve
+
+    limit, block = 512, 128
+    answers = ["Step 1 done.", "Step 2 done.", "Step 3 done."]
+
+    def requests(pad: int) -> list[list[Message]]:
+        rules = " ".join(f"Rule {i}: module {i * 37 % 101} keeps test {i * 53 % 97} green." for i in range(40))
+        history = [Message("system", f"You are a coding agent. {rules}"),  # no period a shifted cut could match
+                   Message("user", "Fix the failing test in the parser module." + " please" * pad)]
+        out = [list(history)]
+        for n, answer in enumerate(answers[:-1]):
+            history += [Message("assistant", answer), Message("user", f"Now run the tests again, round {n + 1}.")]
+            out.append(list(history))
+        return out
+
+    with engine_of(loaded_model, max_batch=2, max_asserted=SCRIPT_SLICE, prefix_cache_ssd=False) as eng:
+        tokenizer = eng.tokenizer
+        # padding that puts turn 1 just past a block boundary, so that turns 2 and 3 (tens
+        # of tokens each) stay within its block: the cut does not move
+        for pad in range(block):
+            sizes = [len(render_prompt(tokenizer, Turn(messages=m))) for m in requests(pad)]
+            if len({-(-(n - limit) // block) for n in sizes}) == 1:
+                break
+        assert sizes[0] > limit, sizes
+        script = Script([ScriptTurn(text=a) for a in answers], prompt_limit=limit)
+        usages = []
+        with serve(eng, script=script) as url:
+            for messages in requests(pad):
+                body = {"model": "local", "max_tokens": 32,
+                        "messages": [{"role": m.role, "content": m.content} for m in messages]}
+                r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300)
+                assert r.status_code == 200, r.text[:500]
+                usages.append(r.json()["usage"])
+    prompts = [u["prompt_tokens"] for u in usages]
+    cached = [u["prompt_tokens_details"]["cached_tokens"] for u in usages]
+    print(f"\nprompt tokens {sizes} cut to {prompts}; cached {cached}")
+    assert all(limit - block - block // 2 < p <= limit for p in prompts), prompts
+    for k in (1, 2):  # the previous prompt (and its answer) came from the cache; the new turn's tokens did not
+        assert cached[k] >= prompts[k - 1] and prompts[k] - cached[k] < sizes[k] - sizes[k - 1], (prompts, cached)
+        assert cached[k] >= 0.9 * prompts[k], (prompts, cached)
