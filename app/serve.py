@@ -108,7 +108,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="policies from a TOML file ([[policy]] tables: name = \"...\" plus options), "
                              "run before the --policy ones")
     parser.add_argument("--script-prompt-limit", type=_positive, default=None, metavar="N",
-                        help="script mode: cut longer prompts to N tokens (head and tail) before prefill; "
+                        help="script mode: cut longer prompts to N tokens before prefill (a fixed head and the tail; the cut "
+                             "stays put while the agent's history grows, so later turns hit the prefix cache); "
                              "the scripted answer does not depend on them (default: the model's context)")
     from .upstream_serve import add_arguments as add_upstream_arguments
 

@@ -127,6 +127,7 @@ class Script(BaseHooks):
         self.served = 0
         self._lock = threading.Lock()
         self._starts: tuple[Any, frozenset[int]] | None = None  # (tokenizer, its message start ids)
+        self._cut: Cut | None = None  # the last turn's cut, kept while later prompts extend it
 
     @classmethod
     def load(cls, path: str | Path, prompt_limit: int | None = None) -> Script:
@@ -183,8 +184,8 @@ class Script(BaseHooks):
             # the grid of the cut: the configured limit, else the context (not `room`: it
             # changes with each turn's answer, and the cut would move with it)
             window = min(self.prompt_limit or engine.context_length, engine.context_length)
-            request.prompt = fit_prompt(request.prompt, min(room, window), window=window,
-                                        starts=self._message_starts(tokenizer))
+            request.prompt, self._cut = sticky_fit(request.prompt, min(room, window), window=window,
+                                                   starts=self._message_starts(tokenizer), previous=self._cut)
             proposer = ScriptedProposer(tokens)
             request.proposers = [proposer]
             validate_request(engine, request)
@@ -337,14 +338,27 @@ def fit_prompt(prompt: list[int], limit: int, *, window: int | None = None,
     quarter block where the limit is the window. A cut between tokens never splits a
     special token; it may split a message, as any cut without `starts` does.
     """
-    n = len(prompt)
-    if n <= limit:
+    if len(prompt) <= limit:
         return prompt
+    head, cut = fit_bounds(prompt, limit, window=window, starts=starts)
+    return prompt[:head] + prompt[cut:]
+
+
+def fit_bounds(prompt: list[int], limit: int, *, window: int | None = None,
+               starts: Collection[int] = ()) -> tuple[int, int]:
+    """fit_prompt's cut of a prompt longer than `limit`: it keeps prompt[:head] + prompt[cut:]."""
     if limit <= 0:
-        return []
+        return 0, len(prompt)
+    return _bounds(prompt, limit, _grid(limit, window), starts)
+
+
+def _grid(limit: int, window: int | None) -> int:
     grid = max(limit, window or limit)
-    if 4 * limit < 3 * grid:  # the grid would leave too little tail: this turn's own
-        grid = limit
+    return limit if 4 * limit < 3 * grid else grid  # a grid that would leave too little tail: this turn's own
+
+
+def _bounds(prompt: list[int], limit: int, grid: int, starts: Collection[int]) -> tuple[int, int]:
+    n = len(prompt)
     head = grid // 4
     block = max(1, grid // 4)
     dropped = block * -(-(n - limit) // block)  # the fewest whole blocks that fit
@@ -354,7 +368,43 @@ def fit_prompt(prompt: list[int], limit: int, *, window: int | None = None,
         at = set(starts)
         head = next((i for i in range(head, max(head - reach, 0), -1) if prompt[i] in at), head)
         cut = next((j for j in range(cut, min(cut + reach, n)) if prompt[j] in at), cut)
-    return prompt[:head] + prompt[cut:]
+    return head, cut
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Where a prompt was cut: `prompt[:head] + prompt[cut:]` was sent."""
+
+    prompt: tuple[int, ...]
+    head: int
+    cut: int
+
+
+def sticky_fit(prompt: list[int], limit: int, *, window: int | None = None, starts: Collection[int] = (),
+               previous: Cut | None = None) -> tuple[list[int], Cut | None]:
+    """`fit_prompt` with memory: the cut stays where it was while the history only grows
+    and still fits, and where it has to move it moves far, leaving a block of room.
+
+    The pure rule alone moves the cut whenever the growing history crosses a block
+    boundary, and the first turn can land anywhere below one (a real Claude Code task:
+    turn 1 fitted 8,025 of 8,160 tokens, turn 3 crossed and re-prefilled 4k). Here a
+    prompt that extends the previous turn's (the same head, the same tokens from the cut
+    on) keeps its cut while it fits; a new cut is made for a quarter-window less than the
+    limit, so the next several turns fit behind it. A restarted server has no memory: its
+    first cut is made afresh (one cache miss where it lands elsewhere), sticky from there.
+    """
+    n = len(prompt)
+    if previous is not None and n - (previous.cut - previous.head) <= limit:
+        old = previous.prompt
+        if (n >= len(old) and prompt[:previous.head] == list(old[:previous.head])
+                and prompt[previous.cut:len(old)] == list(old[previous.cut:])):
+            return prompt[:previous.head] + prompt[previous.cut:], previous
+    if n <= limit:
+        return prompt, None
+    grid = _grid(limit, window)
+    room = limit - grid // 4 if limit - grid // 4 >= grid // 2 else limit  # room to spare where it leaves half
+    head, cut = _bounds(prompt, room, grid, starts)
+    return prompt[:head] + prompt[cut:], Cut(tuple(prompt), head, cut)
 
 
 def message_start_ids(tokenizer: Any) -> frozenset[int]:

@@ -266,7 +266,7 @@ def test_scripted_turn_runs_through_the_model(engine):
     turn = Turn(messages=[Message("system", "You are helpful. " * 40), Message("user", "create hello.txt")],
                 tools=[WRITE])
     prepared = prepare_turn(engine, turn, hooks=[script])
-    assert 36 < len(prepared.request.prompt) <= 48 and prepared.script_turn == 0
+    assert 24 < len(prepared.request.prompt) <= 36 and prepared.script_turn == 0  # sticky_fit: a quarter of room
     kinds: list[str] = []
 
     async def run() -> TurnOutput:
@@ -308,7 +308,9 @@ def test_long_prompt_is_cut_to_fit_and_invalid_requests_keep_their_turn(engine):
 def test_growing_prompts_over_the_limit_hit_the_prefix_cache(loaded_model):
     """The real server in script mode, three chat requests of an agent's growing history
     (each resends the one before, the answer and a new user message appended), all over
-    the 512-token prompt limit: the cut stays where turn 1 put it, so turns 2 and 3 find
+    the 512-token prompt limit, turn 2 past the block boundary where a cut that is a pure
+    function of the length would move: the cut stays where turn 1 put it (a block below
+    the limit, core/script.py sticky_fit), so turns 2 and 3 find
     the whole previous prompt in the prefix cache (usage cached_tokens) and prefill only
     what the turn added. (The old half/half cut moved every turn: about half the limit
     cached, the other half prefilled again.)"""
@@ -333,13 +335,15 @@ def test_growing_prompts_over_the_limit_hit_the_prefix_cache(loaded_model):
 
     with engine_of(loaded_model, max_batch=2, max_asserted=SCRIPT_SLICE, prefix_cache_ssd=False) as eng:
         tokenizer = eng.tokenizer
-        # padding that puts turn 1 just past a block boundary, so that turns 2 and 3 (tens
-        # of tokens each) stay within its block: the cut does not move
+        # padding that puts turn 1 just below a block boundary and turn 2 past it: the worst
+        # case for a cut that is a pure function of the length (it would move at turn 2)
         for pad in range(block):
             sizes = [len(render_prompt(tokenizer, Turn(messages=m))) for m in requests(pad)]
-            if len({-(-(n - limit) // block) for n in sizes}) == 1:
+            if sizes[0] > limit and -(-(sizes[0] - limit) // block) != -(-(sizes[1] - limit) // block):
                 break
         assert sizes[0] > limit, sizes
+        pure = [fit_prompt(list(range(n)), limit) for n in sizes]
+        assert pure[1][: len(pure[0])] != pure[0], "the padding must put a pure cut's move at turn 2"
         script = Script([ScriptTurn(text=a) for a in answers], prompt_limit=limit)
         usages = []
         with serve(eng, script=script) as url:
@@ -352,7 +356,45 @@ def test_growing_prompts_over_the_limit_hit_the_prefix_cache(loaded_model):
     prompts = [u["prompt_tokens"] for u in usages]
     cached = [u["prompt_tokens_details"]["cached_tokens"] for u in usages]
     print(f"\nprompt tokens {sizes} cut to {prompts}; cached {cached}")
-    assert all(limit - block - block // 2 < p <= limit for p in prompts), prompts
+    assert all(limit - 2 * block - block // 2 < p <= limit - block + 64 for p in prompts), prompts  # room to grow
     for k in (1, 2):  # the previous prompt (and its answer) came from the cache; the new turn's tokens did not
         assert cached[k] >= prompts[k - 1] and prompts[k] - cached[k] < sizes[k] - sizes[k - 1], (prompts, cached)
         assert cached[k] >= 0.9 * prompts[k], (prompts, cached)
+
+
+def test_sticky_fit_keeps_its_cut_while_the_history_grows_and_moves_it_far():
+    """script mode's memory (sticky_fit): a growing history keeps turn 1's cut until it no
+    longer fits, then the cut moves once, far enough that a block of turns fit again;
+    a prompt that does not extend the previous one is cut afresh."""
+    import random
+
+    from jumpahead.core.script import sticky_fit
+
+    rng = random.Random(7)
+    limit, block = 1024, 256
+    prompt = [rng.randrange(2, 30000) for _ in range(limit + block - 3)]  # just below a pure-rule boundary
+    fitted, cut = sticky_fit(prompt, limit, window=limit)
+    assert cut is not None and len(fitted) <= limit - block and fitted[:block] == prompt[:block]
+    fits, moves, total_growth, prompts = [fitted], 0, 0, [prompt]
+    for _ in range(60):
+        step = [rng.randrange(2, 30000) for _ in range(rng.randrange(10, 60))]
+        prompt = prompt + step
+        total_growth += len(step)
+        new, new_cut = sticky_fit(prompt, limit, window=limit, previous=cut)
+        assert len(new) <= limit and new[-len(step):] == step
+        if new[: len(fits[-1])] != fits[-1]:
+            moves += 1
+            assert new_cut != cut and len(new) <= limit - block  # a move leaves a block of room
+        fits.append(new)
+        prompts.append(prompt)
+        cut = new_cut
+    assert 1 <= moves <= total_growth // block + 1, (moves, total_growth)
+    assert moves <= len(fits) // 8
+    # the pure rule on the same prompts: it moves at the first step (turn 1 sat just
+    # below its boundary) and more often overall
+    pure = [fit_prompt(p, limit) for p in prompts]
+    pure_moves = [k for k in range(1, len(pure)) if pure[k][: len(pure[k - 1])] != pure[k - 1]]
+    assert pure_moves[0] == 1 and len(pure_moves) > moves, (pure_moves, moves)
+    other = [rng.randrange(2, 30000) for _ in range(limit + 500)]
+    fresh, fresh_cut = sticky_fit(other, limit, window=limit, previous=cut)
+    assert fresh_cut is not None and fresh_cut.prompt == tuple(other) and len(fresh) <= limit - block
