@@ -85,7 +85,8 @@ def main(argv: list[str]) -> int:
         port = _free_port()
         url = f"http://127.0.0.1:{port}"
         server = subprocess.Popen([sys.executable, "-m", "jumpahead.app.cli", "serve", "--script", str(script),
-                                   "--trace-dir", str(traces), "--port", str(port), "--log-level", "warning"],
+                                   "--trace-dir", str(traces), "--port", str(port), "--log-level", "warning",
+                                   "--prefix-cache-dir", str(root / "prefix-cache")],  # cold: no earlier run's entries
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             deadline = time.monotonic() + 600

@@ -91,6 +91,24 @@ def test_claude_code(engine, tmp_path):
     assert script.served == 2
 
 
+def test_claude_code_three_turns_hit_the_prefix_cache(tmp_path):
+    """`jumpahead bench claude-code`: a real `claude -p` 3-turn scripted task (Write, Bash,
+    text) against `jumpahead serve --script` with the context-sized prompt limit (Claude
+    Code's ~20k-token prompt is fitted to the 8k window), a cold prefix cache: turn 1
+    prefills, turns 2 and 3 find nearly all of their prompt cached (the server's trace)."""
+    from jumpahead.bench.claude_code import main
+
+    claude = _client("npm", "claude")
+    out = tmp_path / "result.json"
+    assert main(["--claude", str(claude), "--out", str(out)]) == 0, out.read_text() if out.exists() else ""
+    result = json.loads(out.read_text())
+    turns = result["turns"]
+    assert result["ok"] and len(turns) == 3 and turns[0]["cached_tokens"] == 0
+    assert turns[0]["prompt_tokens"] > 4096, "Claude Code's prompt was fitted to the window, not dropped"
+    for before, turn in zip(turns, turns[1:]):
+        assert turn["cached_tokens"] >= before["prompt_tokens"] and turn["cached_share"] > 0.9, turns
+
+
 PI_PROVIDERS = {
     "local-oai": {"api": "openai-completions", "path": "/v1", "reasoning": False},
     "local-anth": {"api": "anthropic-messages", "path": "", "reasoning": True},
