@@ -29,6 +29,26 @@ def loaded_model():
 
 
 @pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """An mlx-lm folder of a tiny random-weight llama (bench/family_models.py) with the
+    default model's tokenizer and chat template: for tests where the tokens are forced
+    or the model's answers are not the point (forced replay, process plumbing), at a
+    small fraction of the default model's cost per token."""
+    from jumpahead.bench.family_models import build
+    from jumpahead.engine.default_model import ensure_default_model
+
+    return build("llama", tmp_path_factory.mktemp("tiny-model"), ensure_default_model(progress=lambda s: None))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_model_dir):
+    """tiny_model_dir loaded: (model, tokenizer, info), as loaded_model."""
+    from jumpahead.engine.loader import load_model
+
+    return load_model(str(tiny_model_dir), progress=lambda s: None)
+
+
+@pytest.fixture(scope="session")
 def engine(loaded_model, tmp_path_factory):
     from jumpahead.engine.engine import Engine, EngineConfig
 

@@ -1,6 +1,12 @@
-"""Forced and live replay (traces/replay.py, app/replay_command.py) on the real
-default model: arms emit exactly the recorded tokens, supply tokens where they can,
-keep their own prefix caches, and a wrong asserted intervention diverges the turn."""
+"""Forced and live replay (traces/replay.py, app/replay_command.py): arms emit exactly
+the recorded tokens, supply tokens where they can, keep their own prefix caches, and a
+wrong asserted intervention diverges the turn.
+
+Forced replay masks every logit but the recorded token (traces/forcing.py), so what a
+turn emits and which proposals are accepted do not depend on the weights: those tests
+run on conftest.py's tiny random-weight llama (the default model's tokenizer and chat
+template), which decodes ~100x faster. The drafter arm needs the default model (its
+shipped drafter is trained for it)."""
 
 from __future__ import annotations
 
@@ -71,8 +77,11 @@ class Recorder:
 
 
 @pytest.fixture(scope="module")
-def forced(loaded_model):
-    """One replay of the small session under ordinary, strict and echo."""
+def forced(tiny_model):
+    """One replay of the small session under ordinary, strict and echo (the tiny model:
+    the output is forced, so the weights only set the timings). cost_aware off: every
+    proposal is verified whole, so echo's acceptance on the second turn does not hang on
+    the width policy's online fit of this machine's (tiny-model, loaded) round times."""
     progress: list[Recorder] = []
     warnings: list[str] = []
 
@@ -80,7 +89,7 @@ def forced(loaded_model):
         progress.append(Recorder(total, turns))
         return progress[0]
 
-    doc = replay([small_session()], ReplayOptions(parse_arms("strict,echo")), loaded_model,
+    doc = replay([small_session()], ReplayOptions(parse_arms("strict,echo"), cost_aware=False), tiny_model,
                  progress=make, warn=warnings.append)
     return doc, progress[0], warnings
 
@@ -97,9 +106,9 @@ def test_arm_names():
         parse_arm("oracle-jump:min_chars=x")  # the policy refuses its options up front
 
 
-def test_forced_arms_emit_the_record(forced, loaded_model):
+def test_forced_arms_emit_the_record(forced, tiny_model):
     doc, _, warnings = forced
-    _, tokenizer, _ = loaded_model
+    _, tokenizer, _ = tiny_model
     assert doc["kind"] == "jumpahead.replay" and doc["version"] == 1
     assert doc["arms"] == ["ordinary", "strict", "echo"]
     session = doc["sessions"][0]
@@ -189,8 +198,8 @@ class JumpHooks(BaseHooks):
         return [_Assert(4, tokens)]
 
 
-def test_wrong_asserted_jump_diverges(loaded_model):
-    _, tokenizer, _ = loaded_model
+def test_wrong_asserted_jump_diverges(tiny_model):
+    _, tokenizer, _ = tiny_model
     right, wrong = JumpHooks(False), JumpHooks(True)
     right.tokenizer = wrong.tokenizer = tokenizer
     arms = [parse_arm("ordinary"), Arm("right-jump", ArmSpec(["none"]), hooks=[right]),
@@ -198,7 +207,7 @@ def test_wrong_asserted_jump_diverges(loaded_model):
     s = small_session()
     s.messages = s.messages[:3]
     warnings: list[str] = []
-    doc = replay([s], ReplayOptions(arms), loaded_model, warn=warnings.append)
+    doc = replay([s], ReplayOptions(arms), tiny_model, warn=warnings.append)
     turn = doc["sessions"][0]["turns"][0]
     ok, bad = turn["arms"]["right-jump"], turn["arms"]["wrong-jump"]
     assert ok["identical"] and not ok["diverged"] and ok["tokens_by_kind"]["jump"] == 6
@@ -273,11 +282,11 @@ def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout, cwd=REPO)
 
 
-def test_cli_prints_json_with_ratios(tmp_path):
+def test_cli_prints_json_with_ratios(tmp_path, tiny_model_dir):
     path = tmp_path / "session.json"
     _write_session(path)
     out = tmp_path / "replay.json"
-    proc = _cli(str(path), "--arms", "echo", "--turns", "1", "--out", str(out))
+    proc = _cli(str(path), "--arms", "echo", "--turns", "1", "--out", str(out), "--model", str(tiny_model_dir))
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     assert json.loads(out.read_text()) == doc
@@ -300,13 +309,14 @@ def test_cli_errors(tmp_path):
     assert proc.returncode == 2 and "bad.txt" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_live_replay_serves_the_recorded_turns(tmp_path):
+def test_live_replay_serves_the_recorded_turns(tmp_path, tiny_model_dir):
     from openai import OpenAI
 
     path = tmp_path / "session.json"
     _write_session(path)
     port = free_port()
-    proc = cli_process(["replay", "--live", str(path), "--port", str(port), "--no-ssd-cache", "--log-level", "warning"],
+    proc = cli_process(["replay", "--live", str(path), "--port", str(port), "--no-ssd-cache", "--log-level", "warning",
+                        "--model", str(tiny_model_dir)],
                        cwd=REPO, env={"JUMPAHEAD_HOME": str(tmp_path / "home")})
     base = f"http://127.0.0.1:{port}"
     try:
