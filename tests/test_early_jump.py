@@ -472,10 +472,11 @@ def test_early_jump_through_the_http_server_and_the_openai_sdk(jump_engine):
     assert item["policy"] == "early-jump" and item["label"].startswith("early write path=hello.py")
 
 
-def test_early_jump_arm_in_forced_replay(loaded_model):
+def test_early_jump_arm_in_forced_replay(tiny_model):
     """`replay --arms ordinary,early-jump,early-jump:verify=1` on a recorded turn that
     states the block and calls write: the early jump supplies the call as the record has
-    it (identical output), priced once as a `jump` run with D > 0, P and H."""
+    it (identical output), priced once as a `jump` run with D > 0, P and H. (Forced
+    output does not depend on the weights: conftest.py's tiny llama, the default tokenizer.)"""
     from jumpahead.traces.arms import parse_arms
     from jumpahead.traces.replay import ReplayOptions, replay
     from jumpahead.traces.session import Session
@@ -489,10 +490,10 @@ def test_early_jump_arm_in_forced_replay(loaded_model):
     ], tools=[t.as_openai() for t in LIVE])
     names = ["early-jump", "early-jump:verify=1"]
     doc = replay([session], ReplayOptions(parse_arms(names), turns=1, max_context=2048, max_output_tokens=200),
-                 loaded_model)
+                 tiny_model)
     assert doc["warnings"] == []
     [t] = doc["sessions"][0]["turns"]
-    tok = loaded_model[1]
+    tok = tiny_model[1]
     n_call = len(tok.encode(E2E_CALL, add_special_tokens=False))
     for name in names:
         arm = t["arms"][name]
