@@ -47,6 +47,14 @@ def family_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def fam(request) -> str:
+    """The family a test runs on. Module-scoped (tests parametrize it indirectly), so
+    pytest runs each family's tests together and `family` builds its model and engine
+    once per family, not once per test."""
+    return request.param
+
+
+@pytest.fixture(scope="module")
 def family(family_dir):
     """fam -> dict(model, tokenizer, engine, prompts, ordinary), built once per module."""
     from jumpahead.engine.engine import Engine, EngineConfig
@@ -112,7 +120,7 @@ class ScriptedVerified:
         pass
 
 
-@pytest.mark.parametrize("fam", ALL)
+@pytest.mark.parametrize("fam", ALL, indirect=True)
 def test_greedy_equals_mlx_lm(family, fam):
     f = family(fam)
     prompt = f["prompts"][0]
@@ -153,7 +161,7 @@ def staggered_four(f: dict, alone: list[list[int]], **request: object) -> list[l
     return asyncio.run(together())
 
 
-@pytest.mark.parametrize("fam", ALL)
+@pytest.mark.parametrize("fam", ALL, indirect=True)
 def test_batch_of_four_equals_alone(family, fam):
     """Four rows with different prompt lengths and staggered joins, with verified
     proposals of different widths in the same rounds (padding), each equal to alone."""
@@ -164,7 +172,7 @@ def test_batch_of_four_equals_alone(family, fam):
         assert_same_or_near_tie(f["model"], f["prompts"][i], got[i], alone[i])
 
 
-@pytest.mark.parametrize("fam", ALL)
+@pytest.mark.parametrize("fam", ALL, indirect=True)
 @pytest.mark.parametrize("mode", ["accept", "partial", "first"])
 def test_verified_proposals_equal_ordinary(family, fam, mode):
     f = family(fam)
@@ -183,7 +191,7 @@ def test_verified_proposals_equal_ordinary(family, fam, mode):
     assert_same_or_near_tie(f["model"], f["prompts"][1], got, want)
 
 
-@pytest.mark.parametrize("fam", ALL)
+@pytest.mark.parametrize("fam", ALL, indirect=True)
 @pytest.mark.parametrize("method", ["echo", "ngram", "draft"])
 def test_methods_equal_ordinary(family, family_dir, fam, method):
     """The real proposers (draft: the tiny llama as draft model) on a copy-heavy prompt."""
@@ -205,7 +213,7 @@ def test_methods_equal_ordinary(family, family_dir, fam, method):
     assert_same_or_near_tie(f["model"], f["prompts"][2], tokens_of(chunks), want)
 
 
-@pytest.mark.parametrize("fam", ALL)
+@pytest.mark.parametrize("fam", ALL, indirect=True)
 def test_state_after_rejection_equals_fresh_forward(family, fam):
     """Two rows of different lengths verify proposals of different widths; each
     accepts part. After the round is settled (attention by pointer, recurrent state
@@ -244,7 +252,7 @@ def test_state_after_rejection_equals_fresh_forward(family, fam):
 SLIDING = ["gemma3_text", "gemma4_text", "gpt_oss"]
 
 
-@pytest.mark.parametrize("fam", SLIDING)
+@pytest.mark.parametrize("fam", SLIDING, indirect=True)
 def test_sliding_layers_keep_a_ring_not_the_context(family, fam):
     """A sliding layer's buffers hold window + the widest forward's tokens, not the
     context: prefilled in chunks of 8, then decoded far past its ring, with a
@@ -313,7 +321,7 @@ eng.close()
 """
 
 
-@pytest.mark.parametrize("fam", ALL)
+@pytest.mark.parametrize("fam", ALL, indirect=True)
 def test_prefix_cache_second_turn_in_ram_and_from_ssd(family, family_dir, fam, tmp_path):
     """An agent's second turn (first prompt + answer + a tool result) reports the first
     turn's tokens as cached and gives the cold tokens, from RAM and, after a restart
@@ -352,7 +360,8 @@ def test_prefix_cache_second_turn_in_ram_and_from_ssd(family, family_dir, fam, t
     assert_same_or_near_tie(f["model"], second, warm["tokens"], cold)
 
 
-@pytest.mark.parametrize("fam", [f for f in ALL if getattr(f, "values", (f,))[0] in ("gemma3_text", "gemma4_text", "gpt_oss", REAL)])
+@pytest.mark.parametrize("fam", [f for f in ALL if getattr(f, "values", (f,))[0] in ("gemma3_text", "gemma4_text", "gpt_oss", REAL)],
+                         indirect=True)
 def test_stored_prefix_keeps_only_the_sliding_windows(family, fam, tmp_path):
     """A stored prefix holds the full layers' KV by token and each sliding layer's last
     window only (an exact snapshot), so it does not grow with the sliding layers: its
