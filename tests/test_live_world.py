@@ -290,10 +290,12 @@ def test_unknown_adapter_is_refused():
 # --- training ---------------------------------------------------------------------------
 
 
-def test_tiny_training_run_gives_an_adapter_the_server_loads(tmp_path):
-    """(~25 s) 2 iterations on a tiny slice: mlx-lm adapter files, loaded and fused by the
-    engine (the cache identity includes the adapter), /health reports it, and the
-    adapted model answers a chat request."""
+def test_tiny_training_run_gives_an_adapter_the_server_loads(tmp_path, tiny_model_dir):
+    """2 iterations on a tiny slice: mlx-lm adapter files, loaded and fused by the engine
+    (the cache identity includes the adapter), /health reports it, and the adapted model
+    answers a chat request. The base is conftest.py's tiny random-weight llama (--model):
+    the plumbing is the point, not what the adapter learns, and the default model's
+    forward and backward over 640-token rows made this ~20 s on 2 cores."""
     import argparse
 
     import httpx
@@ -307,7 +309,8 @@ def test_tiny_training_run_gives_an_adapter_the_server_loads(tmp_path):
     add_arguments(parser)
     out = tmp_path / "adapter"
     args = parser.parse_args(["--iters", "2", "--n-train", "4", "--n-valid", "0", "--batch-size", "1",
-                              "--num-layers", "2", "--max-seq-length", "640", "--out", str(out)])
+                              "--num-layers", "2", "--max-seq-length", "640", "--model", str(tiny_model_dir),
+                              "--out", str(out)])
     summary = train_adapter(args, progress=lambda s: None)
     assert (out / "adapters.safetensors").stat().st_size > 0
     config = json.loads((out / "adapter_config.json").read_text())
@@ -315,7 +318,7 @@ def test_tiny_training_run_gives_an_adapter_the_server_loads(tmp_path):
     assert summary["tokens_per_s"] > 0 and summary["iterations_per_s"] > 0
     assert not list(out.glob("0*_adapters.safetensors"))
 
-    engine = Engine.load(None, EngineConfig(max_batch=1, prefix_cache_dir=str(tmp_path / "cache")),
+    engine = Engine.load(str(tiny_model_dir), EngineConfig(max_batch=1, prefix_cache_dir=str(tmp_path / "cache")),
                          progress=lambda s: None, adapter=str(out))
     try:
         assert engine.info.adapter == str(out) and engine.info.adapter_digest
