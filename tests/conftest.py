@@ -79,11 +79,12 @@ def client(base_url):
 
 
 @pytest.fixture(scope="session")
-def live_run(tmp_path_factory):
+def live_run(tmp_path_factory, tiny_model_dir):
     """A `jumpahead live` run of 2 held-out tasks in the ordinary and oracle-jump arms
-    through real servers of the default model (no adapter: the tasks fail; short turns):
-    its output folder and summary. Shared by tests/test_live_runner.py and
-    tests/test_writeup.py, so a session that runs both runs it once."""
+    through real servers of the tiny random-weight llama (`--model`; the tasks fail;
+    short turns): its output folder and summary. What the tests check is the runner's
+    accounting and the write-up, not the answers. Shared by tests/test_live_runner.py
+    and tests/test_writeup.py, so a session that runs both runs it once."""
     from jumpahead.live.agent import AgentOptions
     from jumpahead.live.arms import parse_live_arms
     from jumpahead.live.runner import LiveOptions, run_live
@@ -91,5 +92,6 @@ def live_run(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("live") / "run"
     summary = run_live(LiveOptions(arms=parse_live_arms("oracle-jump"), seeds=split_seeds("heldout", 2), out=out,
-                                   quiet=True, agent=AgentOptions(max_steps=2, max_tokens=6, timeout_s=60)))
+                                   model=str(tiny_model_dir), quiet=True,
+                                   agent=AgentOptions(max_steps=2, max_tokens=6, timeout_s=60)))
     return out, summary

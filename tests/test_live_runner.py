@@ -303,7 +303,7 @@ def test_cli_unknown_arm_and_kind(capsys) -> None:
 
 @pytest.mark.timeout(400)
 def test_two_tasks_two_arms_through_real_servers(live_run) -> None:
-    """The default model without an adapter fails the tasks: what is checked is the
+    """The tiny random-weight model fails the tasks: what is checked is the
     accounting (pairing, every task recorded, failures in time over all, the summary's
     arithmetic from the per-task records, ordered CI bounds). The run is conftest.py's
     `live_run` (tests/test_writeup.py writes its write-up)."""
