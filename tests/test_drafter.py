@@ -2,7 +2,7 @@
 
 Oracles: a row's draft state (RowView.hidden) equals the target's hidden state at the
 position that chose its pending token, recomputed by a fresh forward; drafted rows
-equal ordinary decoding token for token at B=1, 2 and 4 (greedy) and under seeded
+equal ordinary decoding token for token at B=1 and 4 (greedy) and under seeded
 sampling; the shipped drafter is accepted where the target agrees; the telemetry
 adds up; a drafter trained for another model is refused with a clear message.
 """
@@ -71,7 +71,10 @@ class Recorder:
 
 def test_row_hidden_state_is_the_targets_at_the_pending_tokens_position(dengine):
     """Prefill, accepted and rejected drafts, B=3: every view's hidden equals a fresh
-    forward's final hidden state at the last position before the pending token."""
+    forward's final hidden state at the last position before the pending token. (The
+    reference is one causal forward over the row's whole sequence, read at each view's
+    position: each position sees only the tokens before it, so that is the hidden state
+    of a forward ending there, for every view at the cost of one prefill per row.)"""
     tok = dengine.tokenizer
     recorders = [Recorder() for _ in range(3)]
     reqs = [GenerationRequest(prompt=chat_prompt(tok, p), max_tokens=40, methods=["drafter"], proposers=[r])
@@ -80,17 +83,20 @@ def test_row_hidden_state_is_the_targets_at_the_pending_tokens_position(dengine)
     assert any("drafter" in o["kinds"] for o in out), "the drafter never got a token accepted"
     runner = dengine.runner
     checked = 0
-    for rec in recorders:
+    for req, o, rec in zip(reqs, out, recorders):
         assert rec.seen and all(h is not None for _, h in rec.seen)
-        for tokens, h in rec.seen[::3]:
-            cache = runner.new_cache()
-            cache.ends = [0]
-            runner.forward([tokens[:-1]], cache, slice(-1, None))
-            want = np.array(runner.last_hidden[0, -1].astype(mx.float32))
+        full = list(req.prompt) + list(o["tokens"])
+        assert all(tokens == full[: len(tokens)] for tokens, _ in rec.seen)  # committed tokens never change
+        cache = runner.new_cache()
+        cache.ends = [0]
+        runner.forward([full[:-1]], cache, slice(None))
+        hidden = np.array(runner.last_hidden[0].astype(mx.float32))
+        for tokens, h in rec.seen:
+            want = hidden[len(tokens) - 2]
             # batched rounds and a one-row forward round differently: a near-tie, not a mismatch
             assert np.abs(h - want).max() <= 2e-3 * np.abs(want).max(), "hidden state of another position"
             checked += 1
-    assert checked >= 10
+    assert checked >= 30
 
 
 def test_warm_turn_drafts_from_the_first_round(dengine):
@@ -119,7 +125,7 @@ def test_warm_turn_drafts_from_the_first_round(dengine):
     assert np.abs(h - want).max() <= 2e-3 * np.abs(want).max()
 
 
-@pytest.mark.parametrize("batch", [1, 2, 4])
+@pytest.mark.parametrize("batch", [1, 4])  # alone, and a batch whose rows draft in one chain (B=2 ran the same path)
 def test_drafted_rows_equal_ordinary_greedy_decoding(dengine, batch):
     tok = dengine.tokenizer
     prompts = [chat_prompt(tok, p) for p in PROMPTS[:batch]]
@@ -232,12 +238,14 @@ def test_openai_sdk_sees_drafter_telemetry_and_metrics(dengine):
         assert httpx.get(f"{url}/health").json()["drafter"] == str(SHIPPED.resolve())  # which head serves
 
 
-def test_serve_refuses_a_drafter_path_that_is_not_one(tmp_path):
+def test_serve_refuses_a_drafter_path_that_is_not_one(tmp_path, tiny_model_dir):
     import subprocess
     import sys
 
+    # the tiny llama (conftest.py): serve loads the model before it reads the drafter folder
     proc = subprocess.run([sys.executable, "-m", "jumpahead.app.cli", "serve", "--drafter", str(tmp_path),
-                           "--no-prefix-cache", "--port", "0"], capture_output=True, text=True, timeout=300)
+                           "--model", str(tiny_model_dir), "--no-prefix-cache", "--port", "0"],
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert f"cannot use drafter {tmp_path}" in proc.stderr and "not a drafter folder" in proc.stderr
 
