@@ -5,7 +5,7 @@ model, a row per proposer with its own end pointer). Oracles: the group's drafts
 rows of different lengths, rolled back after partial acceptance, rows joining and
 leaving, equal each row's draft computed alone in a group of its own; at B=4 the
 draft model runs one forward per step for all rows (fewer forwards than the rows
-drafting in them); greedy rows with the draft equal ordinary decoding at B=1, 2 and 4
+drafting in them); greedy rows with the draft equal ordinary decoding at B=1 and 4
 (rows of different prompt lengths, rows joining and leaving mid-run) and seeded
 sampling emits the target sampler's tokens; the per-method telemetry adds up; a
 second turn that extends the first one restores the draft KV stored with the
@@ -125,7 +125,7 @@ def _draft_reqs(tok, n, sampling=None, max_tokens=None):
             for i, p in enumerate(PROMPTS[:n])]
 
 
-@pytest.mark.parametrize("batch", [1, 2, 4])
+@pytest.mark.parametrize("batch", [1, 4])  # alone, and a group (B=2 ran the same grouped path as B=4)
 def test_grouped_draft_equals_ordinary_greedy_decoding(deng, loaded_model, batch):
     """Rows of different prompt lengths and answer lengths (they leave at different rounds)."""
     tok = deng.tokenizer
