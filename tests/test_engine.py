@@ -49,11 +49,18 @@ async def _collect(engine, req: GenerationRequest, delay: float = 0.0) -> list[i
     return out
 
 
-def test_batched_rows_equal_alone(engine, loaded_model):
+@pytest.fixture(scope="module")
+def alone(engine, loaded_model) -> list[list[int]]:
+    """PROMPTS[:4]'s solo greedy runs of 20 tokens (a run of n <= 20 tokens is the first n
+    of these): the references of the batching and pipelining oracles, computed once."""
+    tokenizer = loaded_model[1]
+    return [run(engine, GenerationRequest(prompt=chat(tokenizer, p), max_tokens=20))[0] for p in PROMPTS[:4]]
+
+
+def test_batched_rows_equal_alone(engine, loaded_model, alone):
     """The batching oracle: 4 rows with staggered joins, each equal to its solo run."""
     model, tokenizer, _ = loaded_model
     prompts = [chat(tokenizer, p) for p in PROMPTS[:4]]
-    alone = [run(engine, GenerationRequest(prompt=p, max_tokens=20))[0] for p in prompts]
 
     async def together():
         return await asyncio.gather(
@@ -66,13 +73,13 @@ def test_batched_rows_equal_alone(engine, loaded_model):
         assert_same_or_near_tie(model, p, got, want)
 
 
-def test_pipelined_greedy_rounds_equal_plain_rounds(engine, loaded_model):
+def test_pipelined_greedy_rounds_equal_plain_rounds(engine, loaded_model, alone):
     """Queued greedy rounds (the GPU default; off on this CPU, where they are slower)
     give what unpipelined rounds give, alone and with rows joining and leaving."""
     model, tokenizer, _ = loaded_model
     prompts = [chat(tokenizer, p) for p in PROMPTS[:4]]
     lengths = [20, 12, 16, 20]
-    plain = [run(engine, GenerationRequest(prompt=p, max_tokens=n))[0] for p, n in zip(prompts, lengths)]
+    plain = [alone[i][:n] for i, n in enumerate(lengths)]  # (greedy: the first n tokens of the 20-token runs)
     before = engine.scheduler.counters["pipelined_rounds"]
     was, engine.scheduler.pipeline = engine.scheduler.pipeline, True
     try:
