@@ -480,9 +480,10 @@ def test_session_memo_persists_within_a_session_only(engine, policy_dir):
         assert count("session-a", "chat") == (3, 2)
 
 
-def test_serve_with_policy_config_and_flag(tmp_path, policy_dir):
+def test_serve_with_policy_config_and_flag(tmp_path, policy_dir, tiny_model_dir):
     """`jumpahead serve --policy-config FILE --policy SPEC` in a subprocess, the user
-    module found through PYTHONPATH."""
+    module found through PYTHONPATH. (It serves conftest.py's tiny llama: what is
+    checked is the policies' loading and reporting, not the answer.)"""
     cfg = tmp_path / "p.toml"
     cfg.write_text(f'[[policy]]\nname = "{MODULE}:SystemRewrite"\ntext = "Short, plain answers."\n')
     port = free_port()
@@ -490,6 +491,7 @@ def test_serve_with_policy_config_and_flag(tmp_path, policy_dir):
            "JUMPAHEAD_HOME": str(tmp_path / "home")}
     proc = subprocess.Popen([sys.executable, "-m", "jumpahead.app.cli", "serve", "--port", str(port),
                              "--max-batch", "2", "--no-ssd-cache", "--no-fit", "--log-level", "warning",
+                             "--model", str(tiny_model_dir),
                              "--policy-config", str(cfg), "--policy", f"{MODULE}:Counter"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
