@@ -57,9 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mtp", default="auto", metavar="auto|none|PATH",
                         help="the checkpoint's multi-token-prediction layer for method 'mtp' (Hugging Face folders "
                              "keep it: qwen3_next / qwen3_5 under mtp.*, deepseek_v3 / glm4_moe / glm4_moe_lite as "
-                             "model.layers.N): 'auto' (default) loads the served folder's own and drafts with it for "
-                             "requests that name no methods unless --methods is given; PATH reads it from that "
-                             "folder (the original checkpoint of a converted model); 'none' loads none")
+                             "model.layers.N): 'auto' (default) loads the served folder's own; PATH reads it from that "
+                             "folder (the original checkpoint of a converted model); 'none' loads none. Method "
+                             "'mtp' is opt-in (--methods echo,mtp) unless a measurement beside the MTP weights "
+                             "(mtp_measured.json) shows it paying on this model")
     parser.add_argument("--max-proposal", type=_positive, default=16, metavar="K",
                         help="most verified proposal tokens a row carries into one round (default: 16)")
     parser.add_argument("--no-cost-aware", action="store_true",
@@ -205,18 +206,31 @@ def attach_mtp(engine: Any, spec: str, explicit_methods: bool) -> str | None:
     """Load the MTP layer `spec` names (auto|none|PATH) into `engine`; the problem, or None.
 
     'auto' loads the served folder's own mtp.* weights where it has them (any other
-    model: nothing, no error) and adds method 'mtp' to the defaults (engine/methods.py
-    MTP_BY_DEFAULT) unless --methods chose them."""
-    from jumpahead.engine.methods import MTP_BY_DEFAULT
-    from jumpahead.engine.mtp import MtpError
+    model: nothing, no error). Method 'mtp' joins the defaults by the drafter's rule:
+    only where a measurement kept beside the MTP weights (engine/mtp.py MEASURED) says
+    it pays on this model (engine/mtp.py measured_pays), and not where --methods chose
+    them; else it is opt-in (--methods ...,mtp). The log and /health ("mtp") say why."""
+    from jumpahead.engine.mtp import MtpError, measured_pays
 
+    log = logging.getLogger("jumpahead.serve")
     if spec not in (None, "", "none", "off"):
         try:
             engine.load_mtp(spec)
         except (MtpError, OSError) as exc:
             return f"cannot use the MTP layer of {spec}: {exc}"
-    return _default_method(engine, "mtp", engine.mtp is not None, MTP_BY_DEFAULT and not explicit_methods,
-                           "--methods mtp needs a checkpoint with mtp.* weights (--mtp PATH)")
+    pays, why = False, ""
+    if engine.mtp is not None:
+        pays, why = measured_pays(getattr(engine.mtp.head, "measurement", None),
+                                  getattr(engine.info, "adapter_digest", None))
+    problem = _default_method(engine, "mtp", engine.mtp is not None, pays and not explicit_methods,
+                              "--methods mtp needs a checkpoint with mtp.* weights (--mtp PATH)")
+    if engine.mtp is not None:
+        on = "mtp" in engine.config.default_methods
+        if explicit_methods:
+            why = f"--methods {'names' if on else 'leaves out'} mtp (measurement: {why})"
+        engine.mtp.by_default = {"on": on, "why": why}
+        log.info("mtp %s by default: %s", "on" if on else "off", why)
+    return problem
 
 
 def _default_method(engine: Any, method: str, loaded: bool, add: bool, missing: str) -> str | None:

@@ -406,6 +406,8 @@ class Engine:
             "adapter": _adapter_health(self.info),
             # the trained drafter head loaded for method "drafter" (its folder), or None
             "drafter": getattr(self.drafter.drafter, "folder", None) if self.drafter is not None else None,
+            # the MTP layer loaded for method "mtp": its folder, and why it drafts by default or not
+            "mtp": self.mtp.describe() if self.mtp is not None else None,
             "device": str(mx.default_device()),
             "blas": blas_info(),
             "max_batch": self.config.max_batch,

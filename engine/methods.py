@@ -16,7 +16,10 @@ strict fill too): the benches show them not slowing rows with nothing to copy or
 mixed batch. N-gram is exact too but stays opt-in: it proposes on one-token matches
 and has no back-off on rows with nothing to copy (echo has), and no bench has shown
 it paying next to echo. Unverified methods (a policy's jumps, asserted strict fill)
-change what the model reads and stay opt-in; a draft model needs a second model.
+change what the model reads and stay opt-in; a draft model needs a second model. A
+trained drafter and a checkpoint's MTP layer join the defaults only where their own
+recorded measurement on the served model shows them paying (engine/drafter.py
+measured_pays); without one they are opt-in.
 """
 
 from __future__ import annotations
@@ -37,11 +40,11 @@ STRICT = "strict"  # strict fill: built by engine/strict.py, on unless a list sa
 SERVER_DEFAULT: tuple[str, ...] = ("echo",)
 # Method "drafter" joins the defaults per drafter, where the loaded drafter's own live
 # A/B on the served model shows it paying (engine/drafter.py measured_pays).
-# Whether `serve` adds method "mtp" to the defaults when the checkpoint has MTP weights
-# (app/serve.py attach_mtp): the checkpoint's own trained draft layer, exact, and sized
-# by the width policy like every verified proposal, so a user who serves such a
-# checkpoint gets it without asking (--mtp none turns it off).
-MTP_BY_DEFAULT = True
+# Method "mtp" joins them by the same rule, per checkpoint: where a live A/B kept beside
+# its MTP weights shows it paying on the served model (engine/mtp.py MEASURED and
+# measured_pays; app/serve.py attach_mtp). Exact is not enough: drafting costs an MTP
+# forward per step whether or not the drafts land, and no bench has measured it on a
+# real checkpoint. Without a measurement it is opt-in (--methods echo,mtp).
 
 
 @dataclass(frozen=True)

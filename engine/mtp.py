@@ -59,6 +59,12 @@ _EXPERT = re.compile(r"(layers\.\d+\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|do
 _FUSED = re.compile(r"(layers\.\d+\.mlp)\.experts\.(gate_up_proj|down_proj)$")
 # A row's buffered target hidden states are collapsed into one array past this many rounds
 _COMPACT = 64
+# A live A/B of method "mtp" on this checkpoint (arms `default` and `default+mtp`: the
+# record a drafter keeps as its measured.json, live/drafter_measurement.py), kept beside
+# the MTP weights. `serve` adds method "mtp" to the defaults only where it shows MTP
+# paying by the drafter's rule (`measured_pays`); without one, MTP is opt-in
+# (`--methods echo,mtp`), as every method no measurement has shown paying.
+MEASURED = "mtp_measured.json"
 
 
 class MtpError(ValueError):
@@ -208,6 +214,31 @@ def install_weights(head: nn.Module, weights: dict[str, mx.array], model: nn.Mod
     except ValueError as exc:
         raise MtpError(f"{folder}: the MTP weights do not fit this model's MTP layer ({exc})") from None
     mx.eval(head.parameters())
+    head.folder = str(Path(folder).expanduser().resolve())  # where the weights came from (/health)
+    # a plain attribute: nn.Module would keep a dict among its parameters
+    object.__setattr__(head, "measurement", read_measurement(folder))
+
+
+def read_measurement(folder: str | Path) -> dict[str, Any] | None:
+    """The MTP measurement (MEASURED) beside a checkpoint's MTP weights; None where it
+    has none or it cannot be read (an unreadable measurement turns nothing on)."""
+    try:
+        out = json.loads((Path(folder).expanduser() / MEASURED).read_text())
+    except (OSError, ValueError):
+        return None
+    return out if isinstance(out, dict) else None
+
+
+def measured_pays(measurement: dict[str, Any] | None, adapter_digest: str | None) -> tuple[bool, str]:
+    """Whether an MTP layer's recorded live A/B says it pays on the served model, and
+    why: the drafter's rule (engine/drafter.py measured_pays: enough paired tasks, the
+    95% CI of time saved above zero, no fewer solved, equal outputs, the same adapter)."""
+    from .drafter import measured_pays as drafter_rule
+
+    if not measurement:
+        return False, (f"no measurement ({MEASURED} beside the MTP weights: a live A/B of arms default and "
+                       "default+mtp); opt in with --methods echo,mtp")
+    return drafter_rule(measurement, adapter_digest)
 
 
 class MtpCache:
@@ -250,6 +281,12 @@ class Mtp:
         self.lm_head = head.logits_fn(lm_head)
         self.drafts = 0  # per-row MTP forwards run (tests)
         self._group: Any = None
+        # whether method "mtp" is among the served defaults, and why (app/serve.py attach_mtp)
+        self.by_default: dict[str, Any] | None = None
+
+    def describe(self) -> dict[str, Any]:
+        """/health: where the layer came from, and whether (and why) it drafts by default."""
+        return {"folder": getattr(self.head, "folder", None), "by_default": self.by_default}
 
     @property
     def group(self) -> Any:

@@ -259,18 +259,79 @@ def test_folder_without_mtp_weights_serves_as_before(tmp_path, fam):
     assert outs[0] == outs[1]
 
 
-def test_serve_adds_mtp_to_the_defaults_only_where_loaded(served):
+def _mtp_measurement(saved: list[float]) -> dict:
+    """A live A/B record of `default+mtp` against `default` (the figures of
+    live/summary.py, as live/drafter_measurement.py writes a drafter's): per seed the
+    mtp arm `saved[i]` s faster, every output equal, every task solved."""
+    from jumpahead.live.summary import summarize
+
+    def rec(arm: str, seed: int, model_s: float) -> dict:
+        turn = {"wall_s": model_s, "completion_tokens": 10, "content": f"said {seed}", "calls": [],
+                "fill": {"tokens": {"sampled": 10}}, "timings": {"prefill_s": 0.1, "decode_s": model_s - 0.1,
+                                                                 "rounds": 1, "round_ms": [[100.0, 1]]}}
+        return {"arm": arm, "seed": seed, "success": True, "status": "answered", "wall_s": model_s, "turns": [turn]}
+
+    records = []
+    for seed, gain in enumerate(saved):
+        records += [rec("ordinary", seed, 9.0), rec("default", seed, 5.0), rec("default+mtp", seed, 5.0 - gain)]
+    summary = summarize(records, ["ordinary", "default", "default+mtp"])
+    return {"kind": "jumpahead.mtp.measurement", "version": 1, "arm": "default+mtp",
+            "versus": summary["versus"]["default+mtp"], "adapter": None}
+
+
+def test_serve_adds_mtp_to_the_defaults_only_where_measured_to_pay(served, folders, caplog):
+    """`serve` loads the MTP layer but adds method "mtp" to the defaults only where a
+    measurement beside the MTP weights (mtp_measured.json) shows it paying, as a
+    drafter's; the log and /health say why it is off. `--methods mtp` still runs it."""
+    import json
+    import logging
+
     from jumpahead.app.serve import attach_mtp
+    from jumpahead.engine.drafter import MIN_PAIRED_TASKS
+    from jumpahead.engine.methods import parse_methods
+    from jumpahead.engine.mtp import MEASURED
 
     eng = served("qwen3_5", predictable=True)
+    folder = folders("qwen3_5", predictable=True)
     saved = eng.config.default_methods
     try:
-        eng.config.default_methods = ("echo",)
-        assert attach_mtp(eng, "none", explicit_methods=False) is None
-        assert eng.config.default_methods == ("echo", "mtp")  # already loaded (EngineConfig mtp="auto")
-        eng.config.default_methods = ("echo",)
-        assert attach_mtp(eng, "none", explicit_methods=True) is None
+        # no measurement: loaded (EngineConfig mtp="auto"), opt-in only, and said why
+        assert eng.mtp is not None and not (folder / MEASURED).exists()
+        eng.config.default_methods = parse_methods(None)
+        with caplog.at_level(logging.INFO, logger="jumpahead.serve"):
+            assert attach_mtp(eng, "none", explicit_methods=False) is None
         assert eng.config.default_methods == ("echo",)
+        assert "mtp off by default: no measurement" in caplog.text
+        health = eng.health()["mtp"]
+        assert health["folder"] == str(folder.resolve()) and health["by_default"]["on"] is False
+        assert MEASURED in health["by_default"]["why"]
+        # a measurement that does not pay (too few tasks) leaves it off
+        gains = [1.0 + 0.1 * (i % 5) for i in range(MIN_PAIRED_TASKS)]
+        (folder / MEASURED).write_text(json.dumps(_mtp_measurement(gains[:5])))
+        assert attach_mtp(eng, str(folder), explicit_methods=False) is None  # loads it (and the record) again
+        assert eng.config.default_methods == ("echo",)
+        assert "paired tasks measured" in eng.health()["mtp"]["by_default"]["why"]
+        # a paying one turns it on for requests that name no methods ...
+        (folder / MEASURED).write_text(json.dumps(_mtp_measurement(gains)))
+        assert attach_mtp(eng, str(folder), explicit_methods=False) is None
+        assert eng.config.default_methods == ("echo", "mtp")
+        assert eng.health()["mtp"]["by_default"]["on"] is True
+        # ... but not where --methods chose the defaults
+        eng.config.default_methods = parse_methods("echo")
+        assert attach_mtp(eng, "none", explicit_methods=True) is None
+        assert eng.config.default_methods == ("echo",) and eng.health()["mtp"]["by_default"]["on"] is False
+    finally:
+        (folder / MEASURED).unlink(missing_ok=True)
+    try:
+        # --methods mtp (no measurement): the requests that name none draft with it
+        eng.load_mtp(str(folder))
+        eng.config.default_methods = parse_methods("mtp")
+        assert attach_mtp(eng, "none", explicit_methods=True) is None
+        assert eng.config.default_methods == ("mtp",) and eng.health()["mtp"]["by_default"]["on"] is True
+        p = prompts(eng, 1)[0]
+        got = run_rows(eng, [GenerationRequest(prompt=p, max_tokens=TOKENS)])[0]
+        want = run_rows(eng, [GenerationRequest(prompt=p, max_tokens=TOKENS, methods=["off"])])[0]
+        assert got["fill"]["methods"]["mtp"]["proposals"] > 0 and got["tokens"] == want["tokens"]
     finally:
         eng.config.default_methods = saved
 
