@@ -456,6 +456,7 @@ class Scheduler:
         ahead = self._ahead
         if ahead is not None and len(ahead[0]) == len(rows) and all(a is b for a, b in zip(ahead[0], rows)):
             current = ahead[1]
+            self.counters["pipelined_queued_used"] += 1  # the round queued last time is this one
         else:
             logits = self.runner.forward([[r.pending] for r in rows], self.group)
             current = mx.argmax(logits[:, -1, :], axis=-1)
