@@ -101,7 +101,8 @@ BENCH_SIZE = {"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads
 
 
 # `size="kv"`: the tiny shape with head widths a quantized KV cache can group (64, 128).
-KV_SIZE = {"head_dim": 64, "query_pre_attn_scalar": 64, "global_head_dim": 128, "mamba_d_head": 16}
+KV_SIZE = {"head_dim": 64, "query_pre_attn_scalar": 64, "global_head_dim": 128, "mamba_d_head": 16,
+           "kv_lora_rank": 64, "qk_rope_head_dim": 64}  # MLA: latents and rope keys
 
 
 def family_config(family: str, size: str = "tiny") -> dict:

@@ -15,9 +15,11 @@ MLX. Evaluating mid-forward synchronizes once per layer, which measured cheap he
 (the engine does not pipeline rounds on the CPU); tiny score tensors keep MLX's own
 kernel. On a GPU nothing here applies: its kernels are fused.
 
-`install(model)` points an mlx-lm model module's `scaled_dot_product_attention` at
-`attention` for calls that carry our RowKVCache layers; any other cache (mlx-lm's
-own, used by its generate) goes to the original function unchanged.
+`install(model)` points the `scaled_dot_product_attention` of every mlx-lm module
+whose classes make up the model (wrappers such as qwen3_5 or the multimodal ones run
+another file's attention classes) at `attention` for calls that carry our RowKVCache
+layers; any other cache (mlx-lm's own, used by its generate) goes to the original
+function unchanged.
 """
 
 from __future__ import annotations
@@ -176,13 +178,26 @@ def quantized_attention(q: mx.array, k: tuple, v: tuple, scale: float, mask: Any
     return out.reshape(B, Hq, L, out.shape[-1])
 
 
-def install(model: Any) -> bool:
-    """Route the model module's attention calls with our cache layers through
-    `attention`. Returns False (and changes nothing) for model modules that do not
-    call mlx-lm's `scaled_dot_product_attention`."""
+def model_modules(model: Any) -> list[Any]:
+    """The Python modules of every class in the model's module tree (mlx-lm wrappers,
+    e.g. qwen3_5 or the multimodal gemma3/gemma4/mistral3, run attention classes of
+    another model file), in first-seen order."""
+    seen: dict[str, Any] = {}
+    for _, m in model.named_modules():
+        name = type(m).__module__
+        if name not in seen and sys.modules.get(name) is not None:
+            seen[name] = sys.modules[name]
+    name = type(model).__module__
+    if name not in seen and sys.modules.get(name) is not None:
+        seen[name] = sys.modules[name]
+    return list(seen.values())
+
+
+def _route(module: Any) -> bool:
+    """Point `module.scaled_dot_product_attention` at `attention` for our cache layers;
+    False where the module has no such function."""
     from .row_cache import LayerCache
 
-    module = sys.modules.get(type(model).__module__)
     original: Callable | None = getattr(module, "scaled_dot_product_attention", None)
     if original is None:
         return False
@@ -191,9 +206,23 @@ def install(model: Any) -> bool:
 
     def routed(queries, keys, values, cache, scale, mask, sinks=None):
         if isinstance(cache, LayerCache):
-            return attention(queries, keys, values, scale, mask, sinks, fmt=cache.fmt)
+            # quantized layers hand the model dequantized views (row_cache.py); where
+            # those reach attention unchanged, the packed triples they came from are read
+            kq, vq = cache.quantized_for(keys, values)
+            if kq is not None:
+                return attention(queries, kq, vq, scale, mask, sinks, fmt=cache.fmt)
+            return attention(queries, keys, values, scale, mask, sinks)
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
     routed._jumpahead = True  # type: ignore[attr-defined]
+    routed._original = original  # type: ignore[attr-defined]
     module.scaled_dot_product_attention = routed
     return True
+
+
+def install(model: Any) -> bool:
+    """Route the attention calls with our cache layers through `attention`, in every
+    module whose classes make up the model (model_modules). Returns False (and changes
+    nothing) where none of them calls mlx-lm's `scaled_dot_product_attention`."""
+    routed = [_route(m) for m in model_modules(model)]
+    return any(routed)

@@ -211,7 +211,7 @@ class PrefixCache:
 
     @staticmethod
     def _reset(cache: RowKVCache) -> None:
-        fresh = type(cache)(cache.layout)
+        fresh = type(cache)(cache.layout, cache.fmt)
         cache.__dict__.update({k: v for k, v in fresh.__dict__.items() if k != "key_widths"})
         cache.ends = [0]
 

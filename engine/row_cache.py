@@ -201,7 +201,18 @@ class LayerCache:
         self.fmt = fmt
         self.keys = None  # [B, H, capacity, D], or its quantized triple
         self.values = None  # [B, H, capacity, Dv] (MLA: Dv != D), or its quantized triple
-        self.plan: ForwardPlan | None = None
+        self._plan: ForwardPlan | None = None
+        # quantized: (dequantized keys, values, their packed triples) of this forward's fetch
+        self._fetched: tuple | None = None
+
+    @property
+    def plan(self) -> ForwardPlan | None:
+        return self._plan
+
+    @plan.setter
+    def plan(self, plan: ForwardPlan | None) -> None:
+        self._plan = plan
+        self._fetched = None  # a new forward: the last one's views are not kept alive
 
     # --- the interface mlx-lm attention layers call -------------------------------
     @property
@@ -231,6 +242,31 @@ class LayerCache:
             return keys, values
         return self.fmt.quantize(keys, self.fmt.key_bits), self.fmt.quantize(values, self.fmt.value_bits)
 
+    def _fetch(self, keys, values):
+        """What update_and_fetch hands the model. Quantized: the visible columns
+        dequantized (lazy), so model code that does its own math on the cached keys
+        and values (MLA's latents and rope keys, gemma4's KV-shared layers, any
+        attention not through mlx-lm's function) reads the same once-quantized
+        tensors as ours; engine/attention.py maps views that reach it unchanged back
+        to the packed triples (`quantized_for`), and MLX never computes the unused
+        dequantization."""
+        fmt = self.fmt
+        if fmt is None:
+            return keys, values
+        kd = mx.dequantize(*keys, group_size=fmt.group_size, bits=fmt.key_bits)
+        vd = mx.dequantize(*values, group_size=fmt.group_size, bits=fmt.value_bits)
+        self._fetched = (kd, vd, keys, values)
+        return kd, vd
+
+    def quantized_for(self, keys, values):
+        """The packed triples behind `keys` and `values` when they are this forward's
+        dequantized views, as fetched; (None, None) otherwise (the caller attends
+        over the float arrays it was given)."""
+        fetched, self._fetched = self._fetched, None
+        if fetched is not None and keys is fetched[0] and values is fetched[1]:
+            return fetched[2], fetched[3]
+        return None, None
+
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         plan = self.plan
         B, H, W, _ = keys.shape
@@ -248,7 +284,7 @@ class LayerCache:
             self.values = _each2(self.values, values, put)
         lo, hi = self._visible(), plan.span
         cut = lambda a: a[..., lo:hi, :]  # noqa: E731
-        return map_buffer(self.keys, cut), map_buffer(self.values, cut)
+        return self._fetch(map_buffer(self.keys, cut), map_buffer(self.values, cut))
 
     def update_tokens(self, keys: mx.array, values: mx.array):
         """Write packed tokens' keys/values [T, H, D] at their rows' positions (the
@@ -381,7 +417,7 @@ class SlidingLayerCache(LayerCache):
         put = lambda a, n: mx.put_along_axis(a, mx.broadcast_to(idx, n.shape), n, axis=2)  # noqa: E731
         self.keys = _each2(self.keys, keys, put)
         self.values = _each2(self.values, values, put)
-        return self.keys, self.values
+        return self._fetch(self.keys, self.values)
 
     def slots(self, lo: int, end: int) -> mx.array:
         """The slots of positions [lo, end) of a row, in position order."""
