@@ -244,6 +244,38 @@ def _default_method(engine: Any, method: str, loaded: bool, add: bool, missing: 
     return None
 
 
+def engine_config(args: argparse.Namespace) -> tuple[Any, tuple[str, ...]]:
+    """The EngineConfig `jumpahead serve` runs with these arguments, and the default
+    methods (ValueError: bad --methods or --kv-* values). `bench models` loads its
+    models through this and `attach_defaults`, as serve does."""
+    from jumpahead.engine.engine import EngineConfig
+    from jumpahead.engine.kv_format import parse_kv_format
+    from jumpahead.engine.methods import parse_methods
+
+    methods = parse_methods(args.methods)
+    kv_format = parse_kv_format(args.kv_bits, args.kv_value_bits, args.kv_group_size)
+    config = EngineConfig(
+        kv_format=kv_format,
+        max_batch=args.max_batch,
+        max_proposal=args.max_proposal,
+        cost_aware=not args.no_cost_aware,
+        objective=args.objective,
+        default_methods=methods,
+        prefix_cache=not args.no_prefix_cache,
+        prefix_cache_ssd=not args.no_ssd_cache,
+        prefix_cache_dir=args.prefix_cache_dir,
+        prefix_cache_ram_bytes=int(args.prefix_cache_ram_gb * (1 << 30)),
+        prefix_cache_ssd_bytes=int(args.prefix_cache_ssd_gb * (1 << 30)),
+    )
+    return config, methods
+
+
+def attach_defaults(engine: Any, args: argparse.Namespace) -> str | None:
+    """--drafter and --mtp loaded into `engine` (defaults: auto); the problem, or None."""
+    return attach_drafter(engine, getattr(args, "drafter", "none"), explicit_methods=args.methods is not None) \
+        or attach_mtp(engine, getattr(args, "mtp", "none"), explicit_methods=args.methods is not None)
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("jumpahead.serve")
@@ -289,36 +321,18 @@ def run(args: argparse.Namespace) -> int:
 
     import jumpahead.engine  # noqa: F401  (chooses and binds the BLAS before mlx is imported)
     from jumpahead.engine.blas import blas_info, set_blas_threads
-    from jumpahead.engine.engine import Engine, EngineConfig
+    from jumpahead.engine.engine import Engine
 
     if args.blas_threads:
         set_blas_threads(args.blas_threads)
     blas = blas_info()
     log.info("BLAS: %s (%s threads): %s", blas["library"], blas["threads"] or "-", blas["note"])
 
-    from jumpahead.engine.methods import parse_methods
-
-    from jumpahead.engine.kv_format import parse_kv_format
-
     try:
-        methods = parse_methods(args.methods)
-        kv_format = parse_kv_format(args.kv_bits, args.kv_value_bits, args.kv_group_size)
+        config, methods = engine_config(args)
     except ValueError as exc:
         print(f"jumpahead: {exc}", file=sys.stderr)
         return 2
-    config = EngineConfig(
-        kv_format=kv_format,
-        max_batch=args.max_batch,
-        max_proposal=args.max_proposal,
-        cost_aware=not args.no_cost_aware,
-        objective=args.objective,
-        default_methods=methods,
-        prefix_cache=not args.no_prefix_cache,
-        prefix_cache_ssd=not args.no_ssd_cache,
-        prefix_cache_dir=args.prefix_cache_dir,
-        prefix_cache_ram_bytes=int(args.prefix_cache_ram_gb * (1 << 30)),
-        prefix_cache_ssd_bytes=int(args.prefix_cache_ssd_gb * (1 << 30)),
-    )
     if script is not None:
         # A scripted turn goes in as one asserted slice where it fits: fewer, wider rounds.
         config.max_asserted = max(config.max_asserted, min(script.max_bytes() + 8, MAX_SCRIPT_SLICE))
@@ -352,8 +366,7 @@ def run(args: argparse.Namespace) -> int:
         engine.close()
         print("jumpahead: --methods draft needs --draft-model", file=sys.stderr)
         return 2
-    problem = attach_drafter(engine, getattr(args, "drafter", "none"), explicit_methods=args.methods is not None) \
-        or attach_mtp(engine, getattr(args, "mtp", "none"), explicit_methods=args.methods is not None)
+    problem = attach_defaults(engine, args)
     if problem:
         engine.close()
         print(f"jumpahead: {problem}", file=sys.stderr)

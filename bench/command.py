@@ -30,6 +30,8 @@ KINDS: dict[str, tuple[str, str]] = {
              "decode and prefill tok/s, new process per arm"),
     "claude-code": ("jumpahead.bench.claude_code", "a real `claude -p` 3-turn scripted task on the default model: "
                     "prefix-cache hits and time to first token per turn"),
+    "models": ("jumpahead.bench.model_sweep", "every model type mlx-lm ships, tiny and random, served as serve "
+               "does by default and checked against mlx-lm: batch, one-row, refused or a failure per type"),
     "trace-size": ("jumpahead.bench.trace_size", "trace file bytes: delta-encoded turn lines vs every turn whole"),
 }
 
