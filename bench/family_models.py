@@ -209,7 +209,8 @@ def _random_with_mtp(config: dict, make_head, seed: int) -> tuple[dict[str, mx.a
     return dict(tree_flatten(model.parameters())), dict(tree_flatten(head.parameters()))
 
 
-def build_hf_with_mtp(family: str, root: Path, tokenizer_dir: Path, seed: int = 0, predictable: bool = False) -> Path:
+def build_hf_with_mtp(family: str, root: Path, tokenizer_dir: Path, seed: int = 0, predictable: bool = False,
+                      size: str = "tiny") -> Path:
     """A Hugging Face format folder of `family`'s random model (as its checkpoints are
     published: per-expert tensors, zero-centred norms, unsanitized conv1d) with an MTP
     layer of the real names and shapes under `mtp.*` (mtp.fc, mtp.pre_fc_norm_embedding,
@@ -224,10 +225,10 @@ def build_hf_with_mtp(family: str, root: Path, tokenizer_dir: Path, seed: int = 
 
     if family not in MTP_FAMILIES:
         raise ValueError(f"{family} has no MTP layout (known: {', '.join(MTP_FAMILIES)})")
-    out = Path(root) / f"{family}-hf-mtp{'-predictable' if predictable else ''}"
+    out = Path(root) / f"{family}-hf-mtp{'-predictable' if predictable else ''}{'' if size == 'tiny' else '-' + size}"
     if (out / "model.safetensors").exists():
         return out
-    config = family_config(family)
+    config = family_config(family, size)
     text = config.get("text_config", config)
     (text if "text_config" in config else config)["mtp_num_hidden_layers" if "text_config" in config
                                                    else "num_nextn_predict_layers"] = 1
