@@ -13,8 +13,6 @@ failing every request.
 
 from __future__ import annotations
 
-import inspect
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,35 +97,3 @@ def summary(layout: list[LayerKind]) -> dict[str, Any]:
     if windows:
         out["windows"] = sorted(windows)
     return out
-
-
-def padding_safe(model: Any, layout: list[LayerKind]) -> bool:
-    """True when rows of different widths may share one padded forward.
-
-    Attention layers mask padded positions; a recurrent layer would fold the padding
-    into its state unless its code honours mlx-lm's per-row `cache.lengths` (the
-    batching convention of ArraysCache: state stops after each row's real tokens).
-    We read the model module's source once for it, since nothing else declares it.
-    """
-    if not has_recurrent(layout):
-        return True
-    def classes():
-        """The model's classes, then (only if those do not settle it) its modules'.
-        Wrapper classes (e.g. qwen3_5's Model around its language model) live in the
-        same module as the layers, so checking the model's own modules suffices."""
-        yield from type(model).__mro__
-        for _, m in model.named_modules():
-            yield type(m)
-
-    seen = set()
-    for cls in classes():
-        mod = sys.modules.get(cls.__module__)
-        if mod is None or mod in seen or not cls.__module__.startswith("mlx_lm.models"):
-            continue
-        seen.add(mod)
-        try:
-            if ".lengths" in inspect.getsource(mod):
-                return True
-        except (OSError, TypeError):
-            continue
-    return False

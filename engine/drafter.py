@@ -47,9 +47,25 @@ class DrafterError(ValueError):
     """A drafter that cannot serve this target (another model, a missing file)."""
 
 
+def input_embedding(model: nn.Module) -> nn.Module | None:
+    """The token embedding a drafter reads: `model.model.embed_tokens` where mlx-lm's
+    decoder keeps it, else the model's only embedding table wherever the family keeps
+    it (`transformer.wte`, `backbone.embeddings`, a multimodal wrapper's language
+    model); None where there is none or several (nothing to tie a drafter to)."""
+    trunk = getattr(model, "model", None)
+    embed = getattr(trunk, "embed_tokens", None) if isinstance(trunk, nn.Module) else None
+    if isinstance(embed, nn.Module):
+        return embed
+    tables = [m for _, m in model.named_modules() if isinstance(m, (nn.Embedding, nn.QuantizedEmbedding))]
+    return tables[0] if len(tables) == 1 else None
+
+
 def target_fingerprint(model: nn.Module) -> dict[str, Any]:
     """What ties a drafter to its target: width, vocabulary and a digest of the embedding."""
-    embed = model.model.embed_tokens.weight
+    table = input_embedding(model)
+    if table is None or not hasattr(table, "weight"):
+        raise DrafterError(f"{type(model).__module__}: no single token embedding table to tie a drafter to")
+    embed = table.weight
     rows = np.array(embed[:: max(1, embed.shape[0] // 64)].astype(mx.float32))
     digest = hashlib.sha256(np.round(rows, 4).tobytes()).hexdigest()[:16]
     args = getattr(model, "args", None)

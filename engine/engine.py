@@ -82,9 +82,9 @@ class Engine:
         self.tokenizer = tokenizer
         self.info = info
         self.runner = ModelRunner(model, self.config.kv_format)
-        if single_row(self.runner.layout) and self.config.max_batch > 1:
-            log.warning("%s: chunked-attention layers: rows are served one at a time (max_batch 1)",
-                        self.runner.model_type)
+        if self.runner.one_row and self.config.max_batch > 1:
+            why = "chunked-attention layers" if single_row(self.runner.layout) else "the load-time check"
+            log.warning("%s: %s: rows are served one at a time (max_batch 1)", self.runner.model_type, why)
             self.config = replace(self.config, max_batch=1)
         self.context_length = self.runner.context_length
         self.scheduler = Scheduler(
@@ -172,7 +172,7 @@ class Engine:
                                "model's head is not a plain projection of it")
         mx.eval(drafter.parameters())  # arrays made lazily elsewhere must exist before the engine thread reads them
         self.runner.keep_hidden = True
-        self.drafter = DraftGroup(drafter, self.model.model.embed_tokens)
+        self.drafter = DraftGroup(drafter, self.runner.trunk.embed_tokens)
 
     def load_mtp(self, spec: str) -> None:
         """`spec` "auto": the served folder's own MTP layer where the model type has an
@@ -410,7 +410,9 @@ class Engine:
             "mtp": self.mtp.describe() if self.mtp is not None else None,
             "device": str(mx.default_device()),
             "blas": blas_info(),
-            "max_batch": self.config.max_batch,
+            "max_batch": s.config.max_batch,
+            # set where a batched round failed at run time and rows went one at a time
+            "one_row_reason": s.one_row_reason,
             "methods": describe_methods(self.config.default_methods),  # for requests that name none
             "context_length": self.context_length,
             "layers": self.runner.describe(),  # layer kinds served (engine/cache_layout.py)

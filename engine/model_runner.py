@@ -23,7 +23,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import attention
-from .cache_layout import UnsupportedModel, has_recurrent, model_layout, padding_safe, single_row, summary
+from . import model_check
+from .cache_layout import UnsupportedModel, has_recurrent, model_layout, single_row, summary
 from .kv_format import KVFormat
 from .ragged import MIN_PADS, ragged_hidden, supports_ragged
 from .row_cache import RowKVCache
@@ -57,12 +58,11 @@ class ModelRunner:
         args = getattr(model, "args", None)
         self.model_type = getattr(args, "model_type", None) or type(model).__module__.rsplit(".", 1)[-1]
         self.recurrent = has_recurrent(self.layout)
-        # Rows of different widths share a padded forward only where the recurrent
-        # layers stop at each row's real tokens; elsewhere every round stays width 1.
-        self.padding_safe = padding_safe(model, self.layout)
-        # Verified proposals need a way back after a rejection: attention rolls back by
-        # pointer, recurrent state by replay; both need padding-safe rounds.
-        self.trimmable = self.padding_safe
+        # Set from the load-time check below (engine/model_check.py): rows of different
+        # widths share a padded forward only where that equals the rows alone, and
+        # verified proposals need an exact way back after a rejection.
+        self.padding_safe = True
+        self.trimmable = True
         self.context_length = int(
             getattr(args, "max_position_embeddings", None)
             or getattr(getattr(args, "text_config", None) or {}, "get", lambda *_: None)("max_position_embeddings")
@@ -87,19 +87,33 @@ class ModelRunner:
         self.keep_all_hidden = False
         self.row_hidden: list[mx.array] | None = None
         self.key_widths: list[int] = []
-        self._probe()
+        try:
+            self._probe()
+        except Exception as exc:  # noqa: BLE001 (the model's own forward over our cache)
+            raise UnsupportedModel(f"{self.model_type}: a forward over the engine's cache fails at load: "
+                                   f"{type(exc).__name__}: {str(exc).strip()[:300]}") from exc
         self.split = self.head is not None
         self.ragged = self.split and supports_ragged(model)
-        if self.recurrent and not self.padding_safe:
-            log.warning("%s: recurrent layers without per-row lengths: proposals are declined", self.model_type)
+        # How this model is served, decided by running it (engine/model_check.py)
+        try:
+            self.serving = model_check.check_once(self)
+        except model_check.RefusedModel as exc:
+            raise UnsupportedModel(str(exc)) from exc
+        self.padding_safe = self.serving.padded
+        self.trimmable = self.serving.verifies
+        self.one_row = single_row(self.layout) or not self.serving.batch
+        for reason in self.serving.reasons:
+            log.warning("%s: %s", self.model_type, reason)
 
     def describe(self) -> dict[str, Any]:
         """/health's account of the layer kinds the engine serves for this model."""
         out = summary(self.layout)
         out.update({"model_type": self.model_type, "split_head": self.split, "ragged": self.ragged,
                     "verifies": self.trimmable,
-                    # chunked attention (cache_layout.single_row): rows are served one at a time
-                    "one_row_per_forward": single_row(self.layout),
+                    # rows served one at a time: chunked attention (cache_layout.single_row)
+                    # or the load-time check (engine/model_check.py)
+                    "one_row_per_forward": self.one_row,
+                    **self.serving.describe(),
                     "kv_cache": {**(self.kv_format.describe() if self.kv_format else {"format": "full"}),
                                  "bytes_per_token": self.kv_bytes_per_token,
                                  "sliding_window_bytes_per_row": self.window_bytes}})

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
+import traceback
 from collections import Counter, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -80,6 +81,8 @@ class Scheduler:
         self.runner = runner
         self.config = config
         self.group = runner.new_cache()
+        # why rows are served one at a time after a batched round failed (None: they are not)
+        self.one_row_reason: str | None = None
         self.running: list[Row] = []
         self.waiting: deque[Row] = deque()
         self.inbox: queue.SimpleQueue[Row] = queue.SimpleQueue()
@@ -117,12 +120,44 @@ class Scheduler:
         self._reap()
         busy = False
         if self.waiting and len(self.running) < self.config.max_batch:
-            self._prefill_chunk(self.waiting[0])
+            row = self.waiting[0]
+            try:
+                self._prefill_chunk(row)
+            except Exception as exc:  # a row's prefill runs in its own cache: it fails alone
+                if row in self.running:  # it had joined the group: the group's state is in question
+                    raise
+                log.error("prefill failed:\n%s", traceback.format_exc())
+                self._fail_waiting(row, f"engine error: {type(exc).__name__}: {exc}")
             busy = True
         if self.running:
-            self._decode_round()
+            batch = len(self.running)
+            try:
+                self._decode_round()
+            except Exception as exc:
+                if batch > 1 and self.config.max_batch > 1:
+                    # The load-time check (engine/model_check.py) ran this model's rows
+                    # together; a batched round failing anyway is a bug that would end
+                    # every later batch too: serve one row at a time from here on.
+                    self.config.max_batch = 1
+                    self.one_row_reason = (f"a round of {batch} rows failed ({type(exc).__name__}: "
+                                           f"{str(exc)[:200]}): rows are served one at a time")
+                    log.error("%s", self.one_row_reason)
+                raise
             busy = True
         return busy
+
+    def _fail_waiting(self, row: Row, message: str) -> None:
+        """End one waiting row with an error; the group and the other rows are untouched."""
+        if row in self.waiting:
+            self.waiting.remove(row)
+        row.prefill_cache = None
+        if row.finish_reason is None:
+            row.finish("error", message)
+        try:
+            _release(row)
+        except Exception:  # noqa: BLE001
+            log.exception("releasing a row's proposer state failed")
+        self.counters["errors"] += 1
 
     def fail_all(self, message: str) -> None:
         """After an engine error: end every row with an error and start clean."""

@@ -1,0 +1,191 @@
+"""The load-time check (engine/model_check.py) on the model types it was written for,
+each a tiny random-weight model from mlx-lm's own classes (bench/model_zoo.py):
+
+- nemotron_h: its SSM update ignores per-row lengths, so a padded row's real tokens
+  never reach the state; it is served in the batch at one token a row per round, and
+  four staggered rows (the odd ones carrying proposals) equal each row alone.
+- gpt_bigcode: positions from `cache[0].offset` fail once rows sit at different
+  offsets; gemma2: its batched attention differs from alone. Both are served one row at
+  a time, and two overlapping requests both answer what each answers alone.
+- llama: everything batched (no limit invented where there is none).
+- gpt2 and mamba keep their embeddings outside `model.model`: `serve` with its default
+  arguments (`--drafter auto`) serves them.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from jumpahead.engine.types import GenerationRequest
+from tests.oracle import assert_same_or_near_tie
+from tests.test_families import N, TEXTS, staggered_four, tokens_of
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    from jumpahead.bench import model_zoo
+    from jumpahead.engine.default_model import ensure_default_model
+
+    root = tmp_path_factory.mktemp("zoo")
+    tok = ensure_default_model(progress=lambda s: None)
+    return lambda t: model_zoo.build(t, root, tok)
+
+
+def _engine(folder: Path):
+    from jumpahead.engine.engine import Engine, EngineConfig
+    from jumpahead.engine.loader import load_model
+
+    model, tok, info = load_model(str(folder), progress=lambda s: None)
+    eng = Engine(model, tok, info, EngineConfig(max_batch=8, cost_aware=False, prefix_cache=False))
+    prompts = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True) for t in TEXTS]
+    return {"model": model, "tokenizer": tok, "engine": eng, "prompts": prompts}
+
+
+def _alone(f: dict) -> list[list[int]]:
+    return [tokens_of(f["engine"].generate_sync(GenerationRequest(prompt=p, max_tokens=N))) for p in f["prompts"]]
+
+
+@pytest.mark.parametrize("model_type, mode, padded, verifies", [
+    ("llama", "batch", True, True),
+    ("nemotron_h", "batch", False, False),
+    ("gpt_bigcode", "one-row", False, True),
+    ("gemma2", "one-row", False, True),
+])
+def test_serving_mode_is_decided_by_running_the_model(zoo, model_type, mode, padded, verifies):
+    f = _engine(zoo(model_type))
+    try:
+        layers = f["engine"].health()["layers"]
+        assert (layers["serving"], layers["padded_rows"], layers["verifies"]) == (mode, padded, verifies), layers
+        assert layers["one_row_per_forward"] is (mode == "one-row")
+        assert f["engine"].health()["max_batch"] == (1 if mode == "one-row" else 8)
+        assert bool(layers["limits"]) is (mode != "batch" or not padded)  # each limit says why
+        alone = _alone(f)
+        together = staggered_four(f, alone)  # odd rows carry partly wrong proposals
+        for i in range(4):
+            assert_same_or_near_tie(f["model"], f["prompts"][i], together[i], alone[i])
+        assert f["engine"].metrics().get("errors", 0) == 0
+    finally:
+        f["engine"].close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "mamba"])
+def test_serve_with_default_arguments_on_embeddings_outside_model_model(zoo, model_type, tmp_path):
+    """`jumpahead serve --model DIR` with its defaults (--drafter auto fingerprints the
+    served model): it died at load with an AttributeError on these models before."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "jumpahead.app.cli", "serve", "--model", str(zoo(model_type)),
+                             "--port", str(port), "--prefix-cache-dir", str(tmp_path / "pc")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        health = None
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json()
+                break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        assert health is not None, proc.communicate(timeout=10)[0][-3000:] if proc.poll() is not None else "no answer"
+        assert health["layers"]["serving"] == "batch"
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60,
+                       json={"model": "x", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200, r.text
+        assert json.loads(r.text)["choices"][0]["finish_reason"] in ("stop", "length")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _poisoned(engine, poison: int, where: str):
+    """The runner's forward raising where its input holds token `poison` (a fault put in
+    one row's way: what is under test is what the scheduler does with the other rows)."""
+    real = engine.runner.forward
+
+    def forward(tokens, cache, *a, **k):
+        rows = tokens.tolist() if hasattr(tokens, "tolist") else tokens
+        if len(rows) > (1 if where == "batch" else 0) and any(poison in r for r in rows):
+            raise RuntimeError(f"injected fault in a {where} forward")
+        return real(tokens, cache, *a, **k)
+    engine.runner.forward = forward
+
+
+def test_a_failing_prefill_ends_only_its_row(tiny_model):
+    from jumpahead.engine.engine import Engine, EngineConfig
+
+    model, tok, info = tiny_model
+    eng = Engine(model, tok, info, EngineConfig(max_batch=8, cost_aware=False, prefix_cache=False))
+    try:
+        prompt = tok.apply_chat_template([{"role": "user", "content": TEXTS[0]}], add_generation_prompt=True)
+        alone = tokens_of(eng.generate_sync(GenerationRequest(prompt=prompt, max_tokens=24)))
+        _poisoned(eng, 4242, "prefill")
+
+        async def both():
+            import asyncio
+
+            async def run(req, delay):
+                await asyncio.sleep(delay)
+                return [c async for c in eng.stream(req)]
+            return await asyncio.gather(run(GenerationRequest(prompt=prompt, max_tokens=24), 0),
+                                        run(GenerationRequest(prompt=[4242] + prompt, max_tokens=24), 0.05))
+        import asyncio
+
+        healthy, bad = asyncio.run(both())
+        assert bad[-1].finish_reason == "error" and "injected fault" in (bad[-1].error or "")
+        assert tokens_of(healthy) == alone and healthy[-1].finish_reason in ("stop", "length")
+        assert eng.health()["max_batch"] == 8 and eng.health()["one_row_reason"] is None
+    finally:
+        eng.close()
+
+
+def test_a_failing_batched_round_turns_the_engine_to_one_row(tiny_model):
+    """A batched round that fails at run time (the load-time check passed) ends its rows
+    and the engine serves one row at a time from then on, saying why; later requests
+    are answered."""
+    from jumpahead.engine.engine import Engine, EngineConfig
+
+    model, tok, info = tiny_model
+    eng = Engine(model, tok, info, EngineConfig(max_batch=8, cost_aware=False, prefix_cache=False))
+    try:
+        prompts = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True)
+                   for t in TEXTS[:2]]
+        alone = [tokens_of(eng.generate_sync(GenerationRequest(prompt=p, max_tokens=16))) for p in prompts]
+        # rows of a batch go through forward_ragged: make a two-row round fail
+        real = eng.runner.forward_ragged
+
+        def ragged(rows, cache, counts):
+            if len(rows) > 1:
+                raise RuntimeError("injected fault in a batched round")
+            return real(rows, cache, counts)
+        eng.runner.forward_ragged = ragged
+        import asyncio
+
+        async def together():
+            async def run(p, delay):
+                await asyncio.sleep(delay)
+                return [c async for c in eng.stream(GenerationRequest(prompt=p, max_tokens=16))]
+            return await asyncio.gather(*[run(p, 0.02 * i) for i, p in enumerate(prompts)])
+
+        first = asyncio.run(together())
+        assert any(r[-1].finish_reason == "error" for r in first)
+        health = eng.health()
+        assert health["max_batch"] == 1 and "injected fault" in health["one_row_reason"]
+        again = asyncio.run(together())  # one row at a time now: both answer as alone
+        assert [tokens_of(r) for r in again] == alone
+    finally:
+        eng.close()
