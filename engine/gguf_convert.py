@@ -13,11 +13,25 @@ llama.cpp's converter (convert_hf_to_gguf.py) did on the way in:
   window pattern 6, local rope base 10000, query_pre_attn_scalar) are put back;
 - qwen2, qwen3: names only (their rope is NEOX-style in llama.cpp: no permutation).
 
-Tensors come one of two ways. Where every tensor has a type mx.load reads (F32, F16,
-Q4_0, Q4_1, Q8_0), mx.load gives the quantized ones as MLX affine weight/scales/biases
-triplets and they stay quantized (the default model's path). Otherwise (K-quants,
-Q5_0, BF16, ...) each tensor is dequantized with the `gguf` package's reference code
-and stored in float32, exactly (bfloat16 for models over 2 GiB in float32).
+Tensors stay quantized by default (`weights="quantized"`; see `weights_mode` for the
+choice and the rule that picks float32 per device at load). Where every tensor has a
+type mx.load reads (F32, F16, Q4_0, Q4_1, Q8_0), mx.load gives the quantized ones as
+MLX affine weight/scales/biases triplets (the default model's path). Otherwise each
+2-D quantized tensor becomes an MLX affine triplet here (`gguf_to_affine`): Q4_0,
+Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q5_K are MLX's affine format with other names (an
+integer per weight, a scale and an offset per 32), so their integers are carried over
+and only the scales rounded to float16 (4/5/8-bit, group 32); Q6_K (scales per 16) and
+the other K/IQ types are dequantized with the `gguf` package and re-quantized with
+mx.quantize (8-bit groups of 64 above 5.5 bits per weight, 4-bit groups of 32 below).
+config.json gets mlx-lm's `quantization` entry (the commonest format plus per-layer
+ones), so mlx_lm.load builds QuantizedLinear/QuantizedEmbedding layers. An 8B Q4_K_M
+(4.9 GB) stays ~5.7 GB instead of 16 GB bfloat16 (BENCHMARKS.md, issue 41).
+`weights="float"` instead dequantizes every tensor with the gguf package's reference
+code into float32, exactly (bfloat16 for models over 2 GiB in float32). The log and
+`info` state the memory both ways.
+
+A file without eos metadata falls back to an end token named in its vocabulary, else
+to none, with a warning (`_eos_ids`).
 
 The header is read here (`GGUFFile`), not with gguf.GGUFReader, which builds an object
 per array element and takes ~18 s on a 262k-token vocabulary; this takes well under 1 s.
@@ -38,6 +52,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,17 +67,20 @@ Progress = Callable[[str], None]
 
 MARKER = "jumpahead.json"
 # Bump when folders converted by ensure_gguf_model change: cached ones are rebuilt.
-GGUF_CONVERSION_VERSION = 1
+GGUF_CONVERSION_VERSION = 2  # 2: K-quants kept quantized (MLX affine); files without eos
 ARCHITECTURES = ("gemma3", "llama", "qwen2", "qwen3")
 # Dequantized models up to this size (float32) are stored in float32, larger in bfloat16.
 FLOAT32_LIMIT = 2 << 30
 SHARD_BYTES = 2 << 30
+WEIGHT_MODES = ("quantized", "float")  # see weights_mode
+WEIGHTS_ENV = "JUMPAHEAD_GGUF_WEIGHTS"
 
 _MX_LOAD_TYPES = {0, 1, 2, 3, 8}  # F32, F16, Q4_0, Q4_1, Q8_0: what mx.load reads from a GGUF
 _CONTROL = 3  # llama.cpp token type CONTROL
 # Tokens that end a turn or a document: stop there too where the file marks them CONTROL.
 _END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>", "<|eom_id|>",
                "<|end_of_text|>", "<|end|>")
+_FALLBACK_END_TOKENS = ("</s>", "<eos>", "<|endoftext|>", "<|end_of_text|>")  # by name, when nothing is stated
 
 
 class GGUFError(ValueError):
@@ -300,19 +318,43 @@ def _f32(x: float) -> float:
 
 
 def _eos_ids(meta: dict) -> list[int]:
-    """The file's eos, its eot/eom, and the CONTROL tokens that end a turn or a document."""
+    """The file's eos, its eot/eom, and the CONTROL tokens that end a turn or a document.
+
+    A file without any of those (no eos metadata, no CONTROL end token) falls back to an
+    end token its vocabulary holds under a well-known name (`_END_TOKENS`, `</s>`,
+    `<eos>`) whatever its type, else to none: generation then stops at max_tokens only.
+    Either way convert_gguf warns (see `_eos_fallback`).
+    """
     tokens = meta["tokenizer.ggml.tokens"]
     types = meta.get("tokenizer.ggml.token_type") or []
     if isinstance(types, mx.array):
         types = types.tolist()
     ids = [int(_meta(meta, k)) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                                           "tokenizer.ggml.eom_token_id") if _meta(meta, k) is not None]
-    index = {t: i for i, t in enumerate(tokens) if t in _END_TOKENS}
+    index = {t: i for i, t in enumerate(tokens) if t in _END_TOKENS or t in _FALLBACK_END_TOKENS}
     for t in _END_TOKENS:
         i = index.get(t)
         if i is not None and (not types or types[i] == _CONTROL):
             ids.append(i)
-    return list(dict.fromkeys(ids))
+    if not ids:  # no eos metadata and no CONTROL end token: a plain token by its name
+        ids = [index[t] for t in (*_FALLBACK_END_TOKENS, *_END_TOKENS) if t in index][:1]
+    return [i for i in dict.fromkeys(ids) if 0 <= i < len(tokens)]
+
+
+def _eos_fallback(meta: dict, eos_ids: list[int]) -> str | None:
+    """A warning when the file states no eos token (None when it does)."""
+    if _meta(meta, "tokenizer.ggml.eos_token_id") is not None:
+        return None
+    if eos_ids:
+        names = ", ".join(repr(meta["tokenizer.ggml.tokens"][i]) for i in eos_ids)
+        return f"the GGUF states no eos token (tokenizer.ggml.eos_token_id); generation stops at {names}"
+    return ("the GGUF states no eos token (tokenizer.ggml.eos_token_id) and its vocabulary has no "
+            "known end token: generation stops only at max_tokens or a stop string")
+
+
+def _eos_config(eos_ids: list[int]) -> int | list[int]:
+    """config.json's eos_token_id: one id, a list of several, or [] for none."""
+    return eos_ids[0] if len(eos_ids) == 1 else eos_ids
 
 
 def _vocab_size(g: GGUFFile, k: _Keys) -> int:
@@ -419,7 +461,7 @@ def _llama_config(g: GGUFFile) -> dict:
         "attention_bias": g.has("blk.0.attn_q.bias"),
         "mlp_bias": False,
         "tie_word_embeddings": False,
-        **_token_ids(meta, eos_ids if len(eos_ids) > 1 else eos_ids[0]),
+        **_token_ids(meta, _eos_config(eos_ids)),
         "torch_dtype": "float16",
     }
     if (scaling := _rope_scaling(g, k, head_dim, theta)) is not None:
@@ -532,16 +574,40 @@ def architecture(path: str | Path) -> str | None:
 # --- conversion -------------------------------------------------------------------------
 
 
+def weights_mode(weights: str | None = None) -> str:
+    """"quantized" or "float": `weights`, else $JUMPAHEAD_GGUF_WEIGHTS, else "auto".
+
+    "auto" is "quantized": the folder keeps the file's quantization (about the GGUF's
+    size on disk and in memory) and the loader decides per device what runs it, as for
+    every quantized folder (engine/loader.py: float32 at load on CPU-only MLX where it
+    fits in half the RAM, measured 2-3x faster there; kept quantized on Metal/CUDA and
+    wherever float32 would not fit). "float" writes dequantized weights instead (float32
+    up to FLOAT32_LIMIT, bfloat16 above): exactly the file's values, 3-7x the size.
+    """
+    w = (weights or os.environ.get(WEIGHTS_ENV) or "auto").strip().lower()
+    if w == "auto":
+        return "quantized"
+    if w not in WEIGHT_MODES:
+        raise GGUFError(f"GGUF weights {w!r}: expected one of auto, {', '.join(WEIGHT_MODES)}")
+    return w
+
+
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: Progress = print, *,
-                 chat_template: str | None = None, unpermute: bool = True) -> Path:
+                 chat_template: str | None = None, unpermute: bool = True, weights: str | None = None,
+                 info: dict | None = None) -> Path:
     """Convert a GGUF of a supported architecture into an mlx-lm folder `out_dir`.
 
     `chat_template`: the template to write (default: the file's own, or the
     architecture's where it has one: Gemma 3 always gets GEMMA3_CHAT_TEMPLATE, Gemma's
     published format with tool calls). `unpermute=False` keeps llama.cpp's q/k row
-    order (only useful to show that the un-permutation matters).
+    order (only useful to show that the un-permutation matters). `weights`: see
+    `weights_mode`. `info`, when given, is filled with what was written and the memory
+    each way (`weights`, `bytes_written`, `bytes_float32`, `bytes_bfloat16`, `formats`,
+    `eos_warning`), which the progress lines state too.
     """
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    mode = weights_mode(weights)
+    info = {} if info is None else info
     progress(f"converting {gguf_path.name}")
     with GGUFFile(gguf_path) as g:
         arch_name = g.architecture
@@ -549,27 +615,66 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: Progress 
             raise UnsupportedArchitecture(gguf_path, arch_name)
         arch = _arch(arch_name)
         config = arch.config(g)
+        if (warning := _eos_fallback(g.metadata, _eos_ids(g.metadata))) is not None:
+            warnings.warn(f"{gguf_path.name}: {warning}", stacklevel=2)
+            progress(f"warning: {warning}")
+        info["eos_warning"] = warning
         out_dir.mkdir(parents=True, exist_ok=True)
-        if all(t.type in _MX_LOAD_TYPES for t in g.tensors):
-            weights = _weights_mx_load(gguf_path, g, arch, config, unpermute)
-            if "lm_head.weight" not in weights:
+        n_params = sum(int(np.prod(t.shape)) for t in g.tensors if hf_name(arch, t.name) is not None)
+        info.update(weights=mode, gguf_bytes=gguf_path.stat().st_size, n_params=n_params,
+                    bytes_float32=n_params * 4, bytes_bfloat16=n_params * 2,
+                    tensor_types=_count(_type_name(t.type) for t in g.tensors))
+        if mode == "float":
+            if not g.has("output.weight"):
                 config["tie_word_embeddings"] = True
-            quant = _quantization(weights)
+            info["bytes_written"] = _write_dequantized(g, arch, config, out_dir, unpermute, progress)
+            info["formats"] = {config["torch_dtype"]: len(g.tensors)}
+        elif all(t.type in _MX_LOAD_TYPES for t in g.tensors):
+            weights_ = _weights_mx_load(gguf_path, g, arch, config, unpermute)
+            if "lm_head.weight" not in weights_:
+                config["tie_word_embeddings"] = True
+            quant = _quantization(weights_)
             if quant:
                 config["quantization"] = quant
                 config["quantization_config"] = quant
+            info["formats"] = _count(_format_of(weights_, k) for k in weights_
+                                     if not k.endswith((".scales", ".biases")))
+            info["bytes_written"] = sum(a.nbytes for a in weights_.values())
             progress(f"writing {out_dir}")
-            mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
-            del weights
+            mx.save_safetensors(str(out_dir / "model.safetensors"), weights_, metadata={"format": "mlx"})
+            del weights_
         else:
             if not g.has("output.weight"):
                 config["tie_word_embeddings"] = True
-            _write_dequantized(g, arch, config, out_dir, unpermute, progress)
+            _write_quantized(g, arch, config, out_dir, unpermute, progress, info)
+        progress(_memory_line(info))
         (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         meta = g.metadata
         template = chat_template or arch.chat_template or _meta(meta, "tokenizer.chat_template")
         _write_tokenizer(meta, out_dir, chat_template=template, gguf_path=gguf_path)
     return out_dir
+
+
+def _count(items) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for x in items:
+        out[x] = out.get(x, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def _memory_line(info: dict) -> str:
+    gb = 1e9
+    return (f"weights {info['weights']}: {info['bytes_written'] / gb:.2f} GB written (GGUF file "
+            f"{info['gguf_bytes'] / gb:.2f} GB); dequantized they would be {info['bytes_float32'] / gb:.2f} GB "
+            f"float32 / {info['bytes_bfloat16'] / gb:.2f} GB bfloat16 ({info['n_params'] / 1e9:.3f} B parameters)")
+
+
+def _format_of(weights: dict[str, mx.array], name: str) -> str:
+    base = name.removesuffix(".weight")
+    if f"{base}.scales" not in weights:
+        return str(weights[name].dtype).removeprefix("mlx.core.")
+    w, s = weights[name], weights[f"{base}.scales"]
+    return f"{w.shape[-1] * 32 // (s.shape[-1] * 32)}-bit g32"
 
 
 def hf_name(arch: Arch, name: str) -> str | None:
@@ -613,54 +718,240 @@ def _weights_mx_load(path: Path, g: GGUFFile, arch: Arch, config: dict, unpermut
         new = hf_name(arch, name)
         if new is not None:
             out[new] = _transform(arch, config, name, new, t, unpermute)
+    if arch.norm_shift:  # Gemma: float32 activations (see _scale_dtype); others as before
+        for k in ("model.embed_tokens.scales", "model.embed_tokens.biases"):
+            if k in out:
+                out[k] = out[k].astype(mx.float32)
     return out
 
 
+class _Shards:
+    """Tensors into safetensors shards of at most SHARD_BYTES (one file: model.safetensors)."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir = out_dir
+        self.current: dict[str, mx.array] = {}
+        self.size = 0
+        self.total = 0
+        self.files: list[Path] = []
+        self.weight_map: dict[str, int] = {}
+
+    def add(self, name: str, a: mx.array) -> None:
+        mx.eval(a)
+        if self.current and self.size + a.nbytes > SHARD_BYTES:
+            self._flush()
+        self.current[name] = a
+        self.weight_map[name] = len(self.files)
+        self.size += a.nbytes
+        self.total += a.nbytes
+
+    def _flush(self) -> None:
+        part = self.out_dir / f".shard-{len(self.files):05d}.safetensors"
+        mx.save_safetensors(str(part), self.current, metadata={"format": "mlx"})
+        self.files.append(part)
+        self.current, self.size = {}, 0
+
+    def close(self) -> int:
+        """Write the last shard and name the files; the bytes of all tensors."""
+        self._flush()
+        out_dir, files = self.out_dir, self.files
+        if len(files) == 1:
+            files[0].rename(out_dir / "model.safetensors")
+            return self.total
+        names = [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
+        for f, n in zip(files, names):
+            f.rename(out_dir / n)
+        total = sum((out_dir / n).stat().st_size for n in names)
+        index = {"metadata": {"total_size": total},
+                 "weight_map": {k: names[i] for k, i in self.weight_map.items()}}
+        (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        return self.total
+
+
 def _write_dequantized(g: GGUFFile, arch: Arch, config: dict, out_dir: Path, unpermute: bool,
-                       progress: Progress) -> None:
-    """Dequantize tensor by tensor into safetensors shards of at most SHARD_BYTES."""
+                       progress: Progress) -> int:
+    """Dequantize tensor by tensor into safetensors shards; the bytes written."""
     n_params = sum(int(np.prod(t.shape)) for t in g.tensors if hf_name(arch, t.name) is not None)
     dtype = mx.float32 if n_params * 4 <= FLOAT32_LIMIT else mx.bfloat16
     config["torch_dtype"] = "float32" if dtype == mx.float32 else "bfloat16"
     kinds = sorted({_type_name(t.type) for t in g.tensors})
     progress(f"dequantizing {len(g.tensors)} tensors ({', '.join(kinds)}) to "
              f"{config['torch_dtype']}, {n_params * dtype.size / 1e9:.2f} GB")
-    shards: list[dict[str, mx.array]] = [{}]
-    size = 0
-    files: list[Path] = []
-
-    def flush() -> None:
-        part = out_dir / f".shard-{len(files):05d}.safetensors"
-        mx.save_safetensors(str(part), shards[0], metadata={"format": "mlx"})
-        files.append(part)
-        shards[0] = {}
-
-    weight_map: dict[str, int] = {}
+    shards = _Shards(out_dir)
     for t in g.tensors:
         new = hf_name(arch, t.name)
         if new is None:
             continue
         arr = _transform(arch, config, t.name, new, g.dequantize(t), unpermute)
-        a = mx.array(np.ascontiguousarray(arr)).astype(dtype)
-        mx.eval(a)
-        nbytes = a.nbytes
-        if shards[0] and size + nbytes > SHARD_BYTES:
-            flush()
-            size = 0
-        shards[0][new] = a
-        weight_map[new] = len(files)
-        size += nbytes
-    flush()
+        shards.add(new, mx.array(np.ascontiguousarray(arr)).astype(dtype))
     progress(f"writing {out_dir}")
-    if len(files) == 1:
-        files[0].rename(out_dir / "model.safetensors")
-        return
-    names = [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
-    for f, n in zip(files, names):
-        f.rename(out_dir / n)
-    total = sum((out_dir / n).stat().st_size for n in names)
-    index = {"metadata": {"total_size": total}, "weight_map": {k: names[i] for k, i in weight_map.items()}}
-    (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return shards.close()
+
+
+# --- kept quantized: GGUF blocks -> MLX affine (weight, scales, biases) ---------------------------
+#
+# MLX's affine format: per group of `group_size` consecutive inputs, w = scale * q + bias
+# with q unsigned `bits`-bit integers, packed as one little-endian bit stream per row
+# into uint32 words. Where a GGUF type is that format with other names (an unsigned or
+# offset integer times a per-32 scale, plus an offset), the integers are carried over
+# as they are and only the scales are rounded (to float16, as MLX stores them): "exact"
+# below. The others (Q6_K, Q2_K, Q3_K: scales per 16 values; IQ*: codebooks) are
+# dequantized with the gguf package and re-quantized with mx.quantize.
+
+QUANT_GROUP = 32
+# GGUF type -> bits of the exact MLX equivalent (all group size 32)
+_EXACT_BITS = {2: 4, 3: 4, 6: 5, 7: 5, 8: 8, 12: 4, 13: 5}  # Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K
+_FLOAT_TYPES = {0: mx.float32, 1: mx.float16, 30: mx.bfloat16, 28: mx.float32}  # F32 F16 BF16 F64
+_ROWS_PER_CHUNK = 2048  # bounds the float32 temporaries of one tensor (8B's token_embd: 525 M values)
+
+
+def _requant_format(qtype: int, cols: int) -> tuple[int, int]:
+    """(group_size, bits) a non-exact GGUF type is re-quantized to: 8-bit groups of 64
+    for the types above 5.5 bits per weight (Q6_K: the re-quantization adds ~1/4 of Q6_K's
+    own rounding), 4-bit groups of 32 below (Q2_K, Q3_K, IQ*: finer than the source)."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
+    if size * 8 / block > 5.5:
+        return (64 if cols % 64 == 0 else 32), 8
+    return 32, 4
+
+
+def _unit_blocks(blocks: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`blocks` (n, block bytes) of an exact type -> (q, scales, biases): q (n, values)
+    the stored integers made unsigned, scales/biases (n, values // 32) in float32, such
+    that scale * q + bias is the gguf package's dequantization (exactly, in float32).
+
+    The integers are decoded by the gguf package itself: the blocks' scales are set to 1
+    and their offsets/mins to 0, so its dequantize returns the raw integers."""
+    from gguf.constants import GGMLQuantizationType as Q
+    from gguf.quants import Q4_K, dequantize
+
+    b = np.array(blocks, dtype=np.uint8, copy=True)
+    one = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)
+
+    def half(lo: int) -> np.ndarray:
+        return b[:, lo:lo + 2].copy().view(np.float16).astype(np.float32)  # (n, 1)
+
+    qtype = Q(qtype)
+    if qtype in (Q.Q4_0, Q.Q5_0, Q.Q8_0):
+        d = half(0)
+        b[:, 0:2] = one
+        offset = {Q.Q4_0: 8, Q.Q5_0: 16, Q.Q8_0: 128}[qtype]
+        q = dequantize(b, qtype) + offset
+        scales, biases = d, -offset * d
+    elif qtype in (Q.Q4_1, Q.Q5_1):
+        d, m = half(0), half(2)
+        b[:, 0:2] = one
+        b[:, 2:4] = 0
+        q = dequantize(b, qtype)
+        scales, biases = d, m
+    else:  # Q4_K, Q5_K: d, dmin, 8 x (6-bit scale, 6-bit min), one per 32 values
+        d, dmin = half(0), half(2)
+        sc, mn = Q4_K.get_scale_min(b[:, 4:16].copy())
+        b[:, 0:2] = one
+        b[:, 2:4] = 0
+        b[:, 4:16] = np.array([1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1], np.uint8)  # every scale 1, min 0
+        q = dequantize(b, qtype)
+        scales, biases = d * sc.astype(np.float32), -(dmin * mn.astype(np.float32))
+    return np.rint(q).astype(np.uint8), scales, biases
+
+
+def pack_bits(q: np.ndarray, bits: int) -> np.ndarray:
+    """Unsigned integers (rows, cols) -> MLX's packed uint32 (rows, cols * bits // 32)."""
+    rows, cols = q.shape
+    if 32 % bits == 0:
+        per = 32 // bits
+        shifts = (np.arange(per, dtype=np.uint32) * bits)
+        return np.bitwise_or.reduce(q.reshape(rows, cols // per, per).astype(np.uint32) << shifts, axis=-1)
+    stream = (q[..., None] >> np.arange(bits, dtype=np.uint8)) & 1
+    packed = np.packbits(stream.reshape(rows, cols * bits), axis=-1, bitorder="little")
+    return np.ascontiguousarray(packed).view(np.uint32).reshape(rows, cols * bits // 32)
+
+
+def gguf_to_affine(g: GGUFFile, t: TensorInfo, scale_dtype: mx.Dtype = mx.float16
+                   ) -> tuple[mx.array, mx.array, mx.array, int, int, bool]:
+    """A 2-D quantized GGUF tensor as MLX affine (weight, scales, biases, group_size,
+    bits, exact); scales and biases in `scale_dtype` (float32: exact for the exact types)."""
+    rows, cols = t.shape
+    exact = t.type in _EXACT_BITS
+    group, bits = (QUANT_GROUP, _EXACT_BITS[t.type]) if exact else _requant_format(t.type, cols)
+    raw = g.raw(t)
+    ws, ss, bs = [], [], []
+    for r0 in range(0, rows, _ROWS_PER_CHUNK):
+        chunk = raw[r0:r0 + _ROWS_PER_CHUNK]
+        n = chunk.shape[0]
+        if exact:
+            blocks = chunk.reshape(-1, _block_bytes(t.type))
+            q, sc, bi = _unit_blocks(blocks, t.type)
+            ws.append(mx.array(pack_bits(q.reshape(n, cols), bits)))
+            ss.append(mx.array(sc.reshape(n, cols // group)).astype(scale_dtype))
+            bs.append(mx.array(bi.reshape(n, cols // group)).astype(scale_dtype))
+        else:
+            from gguf.constants import GGMLQuantizationType
+            from gguf.quants import dequantize
+
+            w = np.asarray(dequantize(chunk, GGMLQuantizationType(t.type)), np.float32).reshape(n, cols)
+            wq, sc, bi = mx.quantize(mx.array(w), group_size=group, bits=bits)
+            ws.append(wq)
+            ss.append(sc.astype(scale_dtype))
+            bs.append(bi.astype(scale_dtype))
+        mx.eval(ws[-1], ss[-1], bs[-1])
+    cat = (lambda xs: xs[0] if len(xs) == 1 else mx.concatenate(xs, axis=0))
+    return cat(ws), cat(ss), cat(bs), group, bits, exact
+
+
+def _scale_dtype(name: str) -> mx.Dtype:
+    """float16 scales, but float32 for the token embedding: a QuantizedEmbedding returns
+    its scales' dtype, which becomes the whole residual stream's; Gemma's overflows
+    float16 (measured on Gemma 3 270M Q4_K_M: logits off by up to 15.6 with float16
+    activations, 0.26 in float32). The embedding's scales are 1/32 of its weights'
+    count: ~130 MB for an 8B's 128k x 4096 vocabulary, against 66 MB in float16."""
+    return mx.float32 if name.startswith("model.embed_tokens.") else mx.float16
+
+
+def _block_bytes(qtype: int) -> int:
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    return GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
+
+
+def _write_quantized(g: GGUFFile, arch: Arch, config: dict, out_dir: Path, unpermute: bool,
+                     progress: Progress, info: dict) -> None:
+    """Every 2-D quantized tensor as an MLX affine triplet (exact where the type allows,
+    re-quantized otherwise), float ones kept in their dtype; config's `quantization`."""
+    progress(f"converting {len(g.tensors)} tensors "
+             f"({', '.join(sorted({_type_name(t.type) for t in g.tensors}))}) to MLX affine quantization")
+    shards = _Shards(out_dir)
+    layers: dict[str, tuple[int, int]] = {}
+    formats: list[str] = []
+    for t in g.tensors:
+        new = hf_name(arch, t.name)
+        if new is None:
+            continue
+        if len(t.shape) == 2 and t.type not in _FLOAT_TYPES:
+            w, s, b, group, bits, exact = gguf_to_affine(g, t, _scale_dtype(new))
+            base = new.removesuffix(".weight")
+            for suffix, a in ((".weight", w), (".scales", s), (".biases", b)):
+                shards.add(base + suffix, _transform(arch, config, t.name, base + suffix, a, unpermute))
+            layers[base] = (group, bits)
+            formats.append(f"{_type_name(t.type)} -> {bits}-bit g{group} "
+                           f"({'exact' if exact else 're-quantized'})")
+        else:
+            dtype = _FLOAT_TYPES.get(t.type, mx.float32)
+            arr = _transform(arch, config, t.name, new, g.dequantize(t), unpermute)
+            shards.add(new, mx.array(np.ascontiguousarray(arr)).astype(dtype))
+            formats.append(f"{_type_name(t.type)} -> {str(dtype).removeprefix('mlx.core.')}")
+    if layers:
+        counts = _count(f"{gs}/{bt}" for gs, bt in layers.values())
+        group, bits = map(int, max(counts, key=counts.get).split("/"))  # the commonest; others per layer
+        quant: dict = {"group_size": group, "bits": bits}
+        quant.update({k: {"group_size": gs, "bits": bt} for k, (gs, bt) in layers.items() if (gs, bt) != (group, bits)})
+        config["quantization"] = quant
+        config["quantization_config"] = quant
+    progress(f"writing {out_dir}")
+    info["bytes_written"] = shards.close()
+    info["formats"] = _count(formats)
 
 
 def _type_name(t: int) -> str:
@@ -757,7 +1048,7 @@ def _write_bpe_tokenizer(meta: dict, out_dir: Path, chat_template: str | None) -
     cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": name("tokenizer.ggml.bos_token_id"),
-        "eos_token": name("tokenizer.ggml.eos_token_id"),
+        "eos_token": name("tokenizer.ggml.eos_token_id") or next((tokens[i] for i in _eos_ids(meta)), None),
         "pad_token": name("tokenizer.ggml.padding_token_id"),
         "unk_token": name("tokenizer.ggml.unknown_token_id"),
         "add_bos_token": bool(_meta(meta, "tokenizer.ggml.add_bos_token", False)),
@@ -914,7 +1205,8 @@ def sha256_file(path: Path) -> str:
 # --- a user's GGUF file ---------------------------------------------------------------------
 
 
-def ensure_gguf_model(path: str | Path, cache_dir: Path | None = None, progress: Progress = print) -> Path:
+def ensure_gguf_model(path: str | Path, cache_dir: Path | None = None, progress: Progress = print, *,
+                      weights: str | None = None) -> Path:
     """The mlx-lm folder for the GGUF file `path`, converted once into the cache.
 
     Folders are keyed by the file's sha256 (`models/gguf/<sha256[:16]>/`): the same
@@ -925,7 +1217,12 @@ def ensure_gguf_model(path: str | Path, cache_dir: Path | None = None, progress:
     a file whose size or mtime changed is hashed again. (path+size+mtime alone as the
     key would convert a copied or renamed file again, and could serve stale weights
     after an edit that keeps size and mtime.)
+
+    `weights` (default $JUMPAHEAD_GGUF_WEIGHTS, else auto = quantized; see weights_mode):
+    a "float" folder is `<sha256[:16]>-float`, beside the quantized one. The marker
+    (jumpahead.json) records the memory each way (convert_gguf's `info`).
     """
+    mode = weights_mode(weights)
     path = Path(path).expanduser().resolve()
     if not path.is_file():
         raise GGUFError(f"{path}: no such GGUF file")
@@ -941,13 +1238,14 @@ def ensure_gguf_model(path: str | Path, cache_dir: Path | None = None, progress:
         progress(f"hashing {path.name} ({st.st_size / 1e9:.2f} GB)")
         digest = sha256_file(path)
         _update_index(root, key, digest)
-    target = root / digest[:16]
+    target = root / (digest[:16] + ("-float" if mode == "float" else ""))
     if is_complete(target, GGUF_CONVERSION_VERSION):
         return target
 
     def build(tmp: Path) -> dict:
-        convert_gguf(path, tmp, progress)
-        return {"source": str(path), "model": path.stem, "gguf_sha256": digest, **_converter_versions()}
+        info: dict = {}
+        convert_gguf(path, tmp, progress, weights=mode, info=info)
+        return {"source": str(path), "model": path.stem, "gguf_sha256": digest, **info, **_converter_versions()}
 
     build_folder(target, build, version=GGUF_CONVERSION_VERSION)
     progress(f"{path.name} converted into {target}")
@@ -958,7 +1256,8 @@ def gguf_model_name(path: str | Path, folder: Path) -> str:
     """The served name of a converted GGUF: its file's stem and the sha256 prefix (the
     prompt caches key on the name, so two files never share entries)."""
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(path).stem)[:80] or "model"
-    return f"{stem}-{Path(folder).name[:8]}"
+    float_ = "-float" if Path(folder).name.endswith("-float") else ""  # other weights: other cache entries
+    return f"{stem}-{Path(folder).name[:8]}{float_}"
 
 
 def _converter_versions() -> dict:
