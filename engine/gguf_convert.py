@@ -25,7 +25,8 @@ the other K/IQ types are dequantized with the `gguf` package and re-quantized wi
 mx.quantize (8-bit groups of 64 above 5.5 bits per weight, 4-bit groups of 32 below).
 config.json gets mlx-lm's `quantization` entry (the commonest format plus per-layer
 ones), so mlx_lm.load builds QuantizedLinear/QuantizedEmbedding layers. An 8B Q4_K_M
-(4.9 GB) stays ~5.7 GB instead of 16 GB bfloat16 (BENCHMARKS.md, issue 41).
+(4.91 GB of tensors) stays 5.76 GB instead of 16.06 GB bfloat16 / 32.1 GB float32
+(BENCHMARKS.md, issue 41).
 `weights="float"` instead dequantizes every tensor with the gguf package's reference
 code into float32, exactly (bfloat16 for models over 2 GiB in float32). The log and
 `info` state the memory both ways.

@@ -495,6 +495,116 @@ def test_kquant_kept_quantized(tmp_path):
           f"{info['bytes_written']} B vs {info['bytes_float32']} B float32")
 
 
+# Llama 3 8B's shapes, and llama.cpp's Q4_K_M recipe for them (llama_tensor_get_type):
+# Q4_K everywhere but output (Q6_K) and, in the "more bits" layers (the first and last
+# eighth, and every third between), attn_v and ffn_down (Q6_K); norms F32.
+L8B = {"hidden": 4096, "ffn": 14336, "layers": 32, "heads": 32, "kv_heads": 8, "head_dim": 128, "vocab": 128256}
+
+
+def _more_bits(i: int, n: int) -> bool:
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def _8b_tensors(layers) -> list[tuple[str, tuple[int, int] | tuple[int], Q]]:
+    """(GGUF name, numpy shape, type) of the 8B Q4_K_M tensors of the given layers."""
+    h, f, kv = L8B["hidden"], L8B["ffn"], L8B["kv_heads"] * L8B["head_dim"]
+    out = [("token_embd.weight", (L8B["vocab"], h), Q.Q4_K), ("output_norm.weight", (h,), Q.F32),
+           ("output.weight", (L8B["vocab"], h), Q.Q6_K)]
+    for i, more in layers:
+        big = Q.Q6_K if more else Q.Q4_K
+        out += [(f"blk.{i}.attn_norm.weight", (h,), Q.F32), (f"blk.{i}.ffn_norm.weight", (h,), Q.F32),
+                (f"blk.{i}.attn_q.weight", (h, h), Q.Q4_K), (f"blk.{i}.attn_k.weight", (kv, h), Q.Q4_K),
+                (f"blk.{i}.attn_v.weight", (kv, h), big), (f"blk.{i}.attn_output.weight", (h, h), Q.Q4_K),
+                (f"blk.{i}.ffn_gate.weight", (f, h), Q.Q4_K), (f"blk.{i}.ffn_up.weight", (f, h), Q.Q4_K),
+                (f"blk.{i}.ffn_down.weight", (h, f), big)]
+    return out
+
+
+@pytest.mark.slow
+def test_8b_q4_k_m_memory(tmp_path):
+    """The memory of an 8B Q4_K_M kept quantized vs dequantized (BENCHMARKS.md, issue 41).
+
+    Writes a 2-layer slice of Llama 3 8B's shapes in llama.cpp's Q4_K_M recipe (full
+    token_embd and output, one "more bits" layer and one plain one; random weights,
+    ~1.5 GB), converts it kept quantized for real, and extrapolates the bytes per
+    tensor to the 32 layers (16 of each kind); the dequantized sizes are computed from
+    the shapes (32 GB of float32 would not fit beside the others' work in 24 GiB)."""
+    from gguf.constants import GGML_QUANT_SIZES
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "llama-8b-slice-q4_k_m.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    for field, v in (("context_length", 8192), ("embedding_length", L8B["hidden"]), ("block_count", 2),
+                     ("feed_forward_length", L8B["ffn"]), ("head_count", L8B["heads"]),
+                     ("head_count_kv", L8B["kv_heads"]), ("layer_norm_rms_eps", 1e-5), ("rope_freq_base", 500000.0)):
+        getattr(w, f"add_{field}")(v)
+    w.add_rope_dimension_count(L8B["head_dim"])
+    w.add_vocab_size(L8B["vocab"])
+    vocab = bpe_vocab()
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(vocab["tokens"] + [f"<x{i}>" for i in range(L8B["vocab"] - len(vocab["tokens"]))])
+    w.add_token_types(vocab["types"] + [1] * (L8B["vocab"] - len(vocab["tokens"])))
+    w.add_token_merges(vocab["merges"])
+    w.add_eos_token_id(2)
+    for name, shape, qtype in _8b_tensors([(0, True), (1, False)]):
+        if qtype == Q.F32:
+            w.add_tensor(name, np.ones(shape, np.float32))
+            continue
+        rows = [qz(rng.normal(0, 0.02, (min(8192, shape[0] - r), shape[1])).astype(np.float32), qtype)
+                for r in range(0, shape[0], 8192)]
+        w.add_tensor(name, np.concatenate(rows), raw_dtype=qtype)
+        del rows
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    del w
+
+    info: dict = {}
+    t0 = time.perf_counter()
+    out = gc.convert_gguf(path, tmp_path / "q", print, info=info)
+    convert_s = time.perf_counter() - t0
+    saved = {}
+    for f in sorted(out.glob("model*.safetensors")):
+        saved.update({k: v.nbytes for k, v in mx.load(str(f)).items()})
+    per = {}  # bytes kept quantized per GGUF tensor (weight + scales + biases)
+    with gc.GGUFFile(path) as g:
+        arch = gc._arch("llama")
+        for t in g.tensors:
+            base = gc.hf_name(arch, t.name).removesuffix(".weight")
+            per[t.name] = sum(n for k, n in saved.items() if k.removesuffix(".weight").removesuffix(".scales")
+                              .removesuffix(".biases") == base)
+            block, size = GGML_QUANT_SIZES[Q(t.type)]
+            assert t.nbytes == int(np.prod(t.shape)) // block * size
+
+    def layer_kind(more: bool) -> int:
+        return 0 if more else 1
+
+    full = _8b_tensors([(i, _more_bits(i, 32)) for i in range(32)])
+    kept = gguf_bytes = params = 0
+    for name, shape, qtype in full:
+        parts = name.split(".")
+        key = name if not name.startswith("blk.") else ".".join(
+            [parts[0], str(layer_kind(_more_bits(int(parts[1]), 32)))] + parts[2:])
+        kept += per[key]
+        block, size = GGML_QUANT_SIZES[qtype]
+        n = int(np.prod(shape))
+        gguf_bytes += n // block * size
+        params += n
+    gb = 1e9
+    print(f"\n8B Q4_K_M (Llama 3 8B shapes, {params / 1e9:.3f} B parameters): GGUF tensors {gguf_bytes / gb:.2f} GB; "
+          f"kept quantized {kept / gb:.2f} GB; dequantized float32 {4 * params / gb:.2f} GB, "
+          f"bfloat16 {2 * params / gb:.2f} GB")
+    print(f"slice: {sum(per.values()) / gb:.2f} GB kept quantized in {convert_s:.0f} s; formats {info['formats']}")
+    print("per tensor (slice, bytes kept / GGUF bytes):")
+    with gc.GGUFFile(path) as g:
+        for t in g.tensors:
+            if len(t.shape) == 2:
+                print(f"  {t.name:28s} {gc._type_name(t.type):5s} {per[t.name] / t.nbytes:.3f}")
+    assert kept < 0.4 * 4 * params and kept < 1.25 * gguf_bytes
+
+
 def _no_eos_vocab(end_token: str | None) -> dict:
     """The BPE vocabulary with no eos/pad metadata; its control tokens renamed so that
     none is a known end token, except `end_token` (a plain, NORMAL token) if given."""
