@@ -9,7 +9,9 @@ it loaded, in the KV format it will serve, and compares them with each row run a
 
 - alone: each row prefilled by itself and decoded one token, then a verifying round
   with a rejection rolled back and a fresh forward of what was kept. If a row cannot
-  even run alone, the model is refused at load, naming the failure.
+  even run alone, or differs from the same row over mlx-lm's own cache (a layer that
+  keeps its state only in mlx-lm's cache classes), the model is refused at load,
+  naming the failure.
 - rollback: the round after a rejected proposal equals a fresh forward of the kept
   tokens (attention rolls back by pointer, recurrent state by replay). Else no
   proposals are verified (methods that need a way back are off).
@@ -156,6 +158,30 @@ def check_once(runner: "ModelRunner") -> ServingCheck:
     return memo[key]
 
 
+def _mlx_lm_rounds(runner: "ModelRunner", b: int, keep_all: bool) -> list[mx.array] | None:
+    """Row b's ROUNDS through mlx-lm's own cache (`make_prompt_cache`): for each round a
+    fresh cache prefilled with the prompt and every token kept before it, then the
+    round's inputs. None where mlx-lm's own path cannot run the model (no reference)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    if runner.kv_format is not None:
+        return None  # mlx-lm's quantized cache rounds differently: tests/test_kv_quant.py compares those
+    out, kept = [], list(PROMPTS[b])
+    try:
+        for step in ROUNDS:
+            inputs, keep = step[b]
+            cache = make_prompt_cache(runner.model)
+            runner.model(mx.array([kept], dtype=mx.int32), cache=cache)
+            logits = runner.model(mx.array([inputs], dtype=mx.int32), cache=cache)[0]
+            mx.eval(logits)
+            out.append(logits)
+            kept += inputs if keep_all else inputs[:keep]
+    except Exception as exc:  # noqa: BLE001
+        log.info("%s: no mlx-lm reference at load (%s: %s)", runner.model_type, type(exc).__name__, _line(exc))
+        return None
+    return out
+
+
 def check(runner: "ModelRunner") -> ServingCheck:
     """Run the checks above on `runner`'s model (see the module docstring)."""
     out = ServingCheck()
@@ -170,6 +196,14 @@ def check(runner: "ModelRunner") -> ServingCheck:
     except Exception as exc:  # noqa: BLE001 (any failure here is the model's, named)
         raise RefusedModel(f"{runner.model_type}: one row over the engine's cache fails: "
                            f"{type(exc).__name__}: {_line(exc)}") from exc
+    # one row over the engine's cache equals one row over mlx-lm's own
+    reference = _mlx_lm_rounds(runner, 0, keep_all=not out.verifies)
+    for i, want in enumerate(reference or []):
+        ok, diff = _close(alone[0][i][0], want, tol)
+        if not ok:
+            raise RefusedModel(f"{runner.model_type}: one row over the engine's cache differs from the same "
+                               f"row over mlx-lm's own cache (round {i}, relative {diff:.3g}): a layer keeps or "
+                               "reads its state in a way the engine's cache does not serve")
     try:
         both = _run(runner, [0, 1], ROUNDS, keep_all=not out.verifies)
         same = all(_close(both[i][b], alone[b][i][0], tol)[0] for i in range(len(ROUNDS)) for b in range(2))

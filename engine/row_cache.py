@@ -38,6 +38,7 @@ from typing import Callable
 
 import mlx.core as mx
 import numpy as np
+from mlx_lm.models.cache import ArraysCache
 
 from .cache_layout import CHUNKED, FULL, LIST, RECURRENT, SLIDING, LayerKind
 from .kv_format import KVFormat
@@ -456,9 +457,12 @@ class ChunkedLayerCache(LayerCache):
         return ((cols <= pos) & (cols // self.chunk_size == pos // self.chunk_size))[:, None]
 
 
-class RecurrentLayerCache:
+class RecurrentLayerCache(ArraysCache):
     """A recurrent layer's state arrays, one batch row per group row (mlx-lm's
-    ArraysCache interface: `cache[i]`, `lengths`, `advance`, `make_mask`)."""
+    ArraysCache interface: `cache[i]`, `lengths`, `advance`, `make_mask`). A subclass
+    of it because some model classes store their state only into an ArraysCache
+    (mamba: `if isinstance(cache, ArraysCache): cache[0] = ...`); its own __init__
+    and batching methods are not used."""
 
     def __init__(self, size: int) -> None:
         self.cache: list[mx.array | None] = [None] * size

@@ -8,6 +8,9 @@ each a tiny random-weight model from mlx-lm's own classes (bench/model_zoo.py):
   offsets; gemma2: its batched attention differs from alone. Both are served one row at
   a time, and two overlapping requests both answer what each answers alone.
 - llama: everything batched (no limit invented where there is none).
+- mamba: stores its state only into an mlx-lm ArraysCache; one row over the engine's
+  cache equals mlx-lm's own (the load check compares them; it answered wrong tokens
+  before), served in the batch at one token a row per round.
 - gpt2 and mamba keep their embeddings outside `model.model`: `serve` with its default
   arguments (`--drafter auto`) serves them.
 """
@@ -23,6 +26,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from mlx_lm import stream_generate
 
 from jumpahead.engine.types import GenerationRequest
 from tests.oracle import assert_same_or_near_tie
@@ -60,6 +64,7 @@ def _alone(f: dict) -> list[list[int]]:
     ("nemotron_h", "batch", False, False),
     ("gpt_bigcode", "one-row", False, True),
     ("gemma2", "one-row", False, True),
+    ("mamba", "batch", False, False),  # its layers stored no state in the engine's cache before
 ])
 def test_serving_mode_is_decided_by_running_the_model(zoo, model_type, mode, padded, verifies):
     f = _engine(zoo(model_type))
@@ -70,6 +75,8 @@ def test_serving_mode_is_decided_by_running_the_model(zoo, model_type, mode, pad
         assert f["engine"].health()["max_batch"] == (1 if mode == "one-row" else 8)
         assert bool(layers["limits"]) is (mode != "batch" or not padded)  # each limit says why
         alone = _alone(f)
+        want = [r.token for r in stream_generate(f["model"], f["tokenizer"], f["prompts"][0], max_tokens=N)]
+        assert_same_or_near_tie(f["model"], f["prompts"][0], alone[0], want)  # equal to mlx-lm itself
         together = staggered_four(f, alone)  # odd rows carry partly wrong proposals
         for i in range(4):
             assert_same_or_near_tie(f["model"], f["prompts"][i], together[i], alone[i])
