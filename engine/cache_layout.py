@@ -54,7 +54,10 @@ def kind_of(cache: Any, where: str = "") -> LayerKind:
         return LayerKind(FULL)
     if isinstance(cache, ArraysCache):
         return LayerKind(RECURRENT, size=len(cache.cache))
-    raise UnsupportedModel(f"{where}cache class {name} is not supported by the engine")
+    module = type(cache).__module__
+    own = "" if module == "mlx_lm.models.cache" else f" (the model's own class, from {module})"
+    raise UnsupportedModel(f"{where}cache class {name}{own} is not supported by the engine: it batches and "
+                           "rolls back mlx-lm's KVCache, RotatingKVCache, ChunkedKVCache, ArraysCache and CacheList")
 
 
 def model_layout(model: Any) -> list[LayerKind]:

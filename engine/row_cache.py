@@ -205,6 +205,7 @@ class LayerCache:
         self._plan: ForwardPlan | None = None
         # quantized: (dequantized keys, values, their packed triples) of this forward's fetch
         self._fetched: tuple | None = None
+        self._last: tuple | None = None  # what the last update_and_fetch returned (keys_and_values)
 
     @property
     def plan(self) -> ForwardPlan | None:
@@ -214,6 +215,7 @@ class LayerCache:
     def plan(self, plan: ForwardPlan | None) -> None:
         self._plan = plan
         self._fetched = None  # a new forward: the last one's views are not kept alive
+        self._last = None
 
     # --- the interface mlx-lm attention layers call -------------------------------
     @property
@@ -253,11 +255,21 @@ class LayerCache:
         dequantization."""
         fmt = self.fmt
         if fmt is None:
+            self._last = (keys, values)
             return keys, values
         kd = mx.dequantize(*keys, group_size=fmt.group_size, bits=fmt.key_bits)
         vd = mx.dequantize(*values, group_size=fmt.group_size, bits=fmt.value_bits)
         self._fetched = (kd, vd, keys, values)
+        self._last = (kd, vd)
         return kd, vd
+
+    def keys_and_values(self):
+        """What this forward's update_and_fetch returned (mlx-lm's KVCache interface:
+        KV-sharing layers read an earlier layer's keys and values through it: afm7,
+        gemma3n)."""
+        if self._last is None:
+            raise RuntimeError("keys_and_values before this forward wrote the layer")
+        return self._last
 
     def quantized_for(self, keys, values):
         """The packed triples behind `keys` and `values` when they are this forward's
@@ -307,7 +319,8 @@ class LayerCache:
         self.keys = _each2(self.keys, keys, scatter)
         self.values = _each2(self.values, values, scatter)
         cut = lambda a: a[..., : plan.span, :]  # noqa: E731
-        return map_buffer(self.keys, cut), map_buffer(self.values, cut)
+        self._last = (map_buffer(self.keys, cut), map_buffer(self.values, cut))
+        return self._last
 
     @property
     def state(self):  # mlx-lm utilities look for this; we expose the raw buffers
