@@ -42,6 +42,7 @@ from typing import Any, Callable
 
 OUTCOMES = ("batch", "one-row", "refused", "wrong", "error", "crash", "skipped")
 FAILURES = ("wrong", "error", "crash")
+INTERNAL = ("AttributeError", "TypeError", "KeyError", "IndexError", "NameError")
 CHILD = "jumpahead.app.model_sweep"  # the child process's module: serve's loading path (app/)
 TEXTS = [
     "Hello there, write a function that adds two numbers please",
@@ -334,8 +335,13 @@ def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     for r in records:
         if r.get("kv8"):
             kv[r["kv8"]["outcome"]] = kv.get(r["kv8"]["outcome"], 0) + 1
+    # refusals whose reason is an internal error the load-time check caught (the model
+    # calls what the engine's cache does not have), not a limit the engine names
+    internal = [r["type"] for r in records if r["outcome"] == "refused"
+                and any(f"{e}:" in (r.get("reason") or "") for e in INTERNAL)]
     return {"types": len(records), "counts": counts, "kv8_counts": kv,
-            "failures": {o: [r["type"] for r in records if r["outcome"] == o] for o in FAILURES}}
+            "failures": {o: [r["type"] for r in records if r["outcome"] == o] for o in FAILURES},
+            "refused_on_internal_error": internal}
 
 
 def write_docs(path: Path, records: list[dict[str, Any]], command: str) -> None:
@@ -352,6 +358,8 @@ def write_docs(path: Path, records: list[dict[str, Any]], command: str) -> None:
              "**refused** at load, with the reason; failures: **wrong** (tokens differ beyond a near-tie), "
              "**error** (a request failed), **crash** (an internal error at load, or the process died or hung); "
              "**skipped** (the tiny model cannot be built or run by mlx-lm here).", "",
+             "The tiny models' attention heads are mostly 16 or 32 wide, narrower than `--kv-group-size` 64, so "
+             "the kv-bits 8 column mostly records the engine refusing that format at load.", "",
              "Counts: " + ", ".join(f"{o} {n}" for o, n in s["counts"].items() if n) + ".", "",
              "| type | layer kinds | outcome | reason | kv-bits 8 |", "|---|---|---|---|---|"]
     for r in sorted(records, key=lambda r: r["type"]):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import json
+import shutil
 from pathlib import Path
 
 import mlx.core as mx
@@ -222,6 +223,8 @@ _HAND: dict[str, dict] = {
 SKIPPED: dict[str, str] = {
     "bitnet": "mlx-lm runs its BitLinear layers with a Metal kernel only (mx.fast.metal_kernel): "
               "[metal_kernel] No Metal back-end on this machine",
+    "muse_spark": "mlx-lm runs its norms and expert routing with Metal kernels (mlx_lm.kernels, mx.fast.metal_kernel): [metal_kernel] "
+                  "No Metal back-end on this machine",
     "olmo": "needs the ai2-olmo package (mlx-lm exits: 'pip install ai2-olmo'), not installed",
     "prism_hadamard_qwen35": "a 2-bit Hadamard-rotated pack (ModelArgs requires its packed module manifest and "
                              "quantization group 128): there is no float model to build at random",
@@ -240,6 +243,13 @@ _OVERRIDES: dict[str, dict] = {
     # grouped-query heads, as the released Gemma 2 models have (mlx-lm's test config has none)
     "gemma2": {"num_attention_heads": 4, "num_key_value_heads": 2},
     "nanochat": {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2},
+    # transformers validates config.json when the tokenizer is loaded (types as its configs have them)
+    "dbrx": {"attn_config": {"kv_n_heads": 2, "clip_qkv": 8.0, "rope_theta": 10000},
+             "ffn_config": {"ffn_hidden_size": 256, "moe_num_experts": 4, "moe_top_k": 2}},
+    "dots1": {"max_position_embeddings": 4096},
+    "granitemoehybrid": {"mamba_d_head": 32},  # heads x head width = mamba_expand (2) x hidden
+    "mamba2": {"time_step_limit": [0.01, 10.0], "head_dim": 32, "intermediate_size": 256},  # 8 x 32 = 2 x 128
+    "exaone4": {"layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]},
     "minicpm3": {"rope_scaling": {"original_max_position_embeddings": 4096, "short_factor": 1.0, "long_factor": 1.0}},
 }
 _HIDDEN = ("hidden_size", "n_embd", "d_model", "model_dim", "hidden_dim", "dim")
@@ -329,7 +339,13 @@ def build(model_type: str, root: Path, tokenizer_dir: Path, seed: int = 0) -> Pa
         return family_models.build(model_type, root, tokenizer_dir, seed)
     out = Path(root) / model_type
     if (out / "model.safetensors").exists():
-        return out
+        try:
+            same = lambda c: json.dumps(c, sort_keys=True)  # noqa: E731  (10 == 10.0, but not in config.json)
+            if same(json.loads((out / "config.json").read_text())) == same(tiny_config(model_type)):
+                return out
+        except (OSError, ValueError):
+            pass
+        shutil.rmtree(out)  # built from another config: rebuilt
     model, config = instantiate(model_type, seed)
     weights = dict(tree_flatten(model.parameters()))
     mx.eval(weights)
