@@ -237,6 +237,10 @@ _OVERRIDES: dict[str, dict] = {
     "phi3": {"hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 96},
     "gpt_neox": {"hidden_size": 64, "num_attention_heads": 4, "rotary_pct": 0.5},
     "afm7": {"num_kv_reuse_layers": 2},
+    "recurrent_gemma": {"logits_soft_cap": 30.0},  # the tests' 1.0 saturates: many logits tie at exactly 1.0
+    "qwen": {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "kv_channels": 16,
+             "intermediate_size": 192, "vocab_size": VOCAB},  # the tests use the defaults (2048 wide, 24 layers)
+    "jamba": {"mamba_expand": 2, "mamba_d_state": 16},  # the tests' expand 128: a 16384-wide inner state
     "cohere": {**_SMALL, "num_hidden_layers": 2, "vocab_size": VOCAB},  # the tests use the defaults (8192 wide)
     "cohere2": {**_SMALL, "head_dim": 16},
     "gpt2": {"n_embd": 64, "n_head": 4},
