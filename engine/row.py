@@ -86,6 +86,9 @@ class Row:
     # from ends, and the prompt's end-of-message positions (found once)
     copy_end: int | None = None
     prompt_stops: list[int] | None = None
+    # After a failed batched round (Scheduler._requeue): the row's cache is rebuilt from
+    # its prompt and committed output; `pending` stays its next input.
+    resume: bool = False
 
     def __post_init__(self) -> None:
         self.stop_text = StopText(list(self.req.stop))

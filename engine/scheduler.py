@@ -130,21 +130,54 @@ class Scheduler:
                 self._fail_waiting(row, f"engine error: {type(exc).__name__}: {exc}")
             busy = True
         if self.running:
-            batch = len(self.running)
             try:
                 self._decode_round()
             except Exception as exc:
-                if batch > 1 and self.config.max_batch > 1:
-                    # The load-time check (engine/model_check.py) ran this model's rows
-                    # together; a batched round failing anyway is a bug that would end
-                    # every later batch too: serve one row at a time from here on.
-                    self.config.max_batch = 1
-                    self.one_row_reason = (f"a round of {batch} rows failed ({type(exc).__name__}: "
-                                           f"{str(exc)[:200]}): rows are served one at a time")
-                    log.error("%s", self.one_row_reason)
-                raise
+                log.error("decoding round failed:\n%s", traceback.format_exc())
+                self._round_failed(exc)
             busy = True
         return busy
+
+    def _round_failed(self, exc: Exception) -> None:
+        """A decoding round raised. One row: that row ends with the error. Several: the
+        load-time check (engine/model_check.py) ran this model's rows together, so a
+        batched round failing anyway would fail every later batch too; the engine serves
+        one row at a time from here on and the rows go back to the queue with their
+        output kept (`_requeue`), so the row at fault fails alone and the others go on.
+        Waiting rows are untouched either way."""
+        rows, self.running = self.running, []
+        self._ahead = None
+        self.group = self.runner.new_cache()
+        message = f"engine error: {type(exc).__name__}: {exc}"
+        if len(rows) > 1 and self.config.max_batch > 1:
+            self.config.max_batch = 1
+            self.one_row_reason = (f"a round of {len(rows)} rows failed ({type(exc).__name__}: "
+                                   f"{str(exc)[:200]}): rows are served one at a time")
+            log.error("%s", self.one_row_reason)
+        if len(rows) > 1:
+            for row in reversed(rows):
+                self._requeue(row)
+            return
+        for row in rows:
+            self._fail_waiting(row, message)
+
+    def _requeue(self, row: Row) -> None:
+        """Put a running row back at the front of the queue to be prefilled again from its
+        prompt and committed output (Row.resume). Proposers that keep state in a group
+        of their own (draft model, drafter, MTP) leave it; the row goes on without them,
+        which decodes the same tokens."""
+        try:
+            _release(row)
+        except Exception:  # noqa: BLE001
+            log.exception("releasing a row's proposer state failed")
+        row.proposers = [p for p in row.proposers if getattr(unwrapped(p), "release_row", None) is None]
+        row.cut_by = None
+        row.hidden = None
+        row.prefill_cache = None
+        row.prefilled = 0
+        row.resume = True
+        self.waiting.appendleft(row)
+        self.counters["rows_requeued"] += 1
 
     def _fail_waiting(self, row: Row, message: str) -> None:
         """End one waiting row with an error; the group and the other rows are untouched."""
@@ -209,6 +242,9 @@ class Scheduler:
 
     def _prefill_chunk(self, row: Row) -> None:
         t0 = time.perf_counter()
+        if row.resume:
+            self._resume_chunk(row)
+            return
         if row.prefill_cache is None:
             row.timings.queued_s = t0 - row.submitted_at
             row.prefill_cache = self.runner.new_cache()
@@ -243,6 +279,29 @@ class Scheduler:
             self._account(row)
             _release(row)
         row.prefill_cache = None
+
+    def _resume_chunk(self, row: Row) -> None:
+        """One chunk of a requeued row's cache rebuilt (`_requeue`): its prompt and every
+        committed token but `pending`; then it joins the group with `pending` as its
+        next input, as after a round."""
+        tokens = row.prompt + row.output[:-1]
+        if row.prefill_cache is None:
+            row.prefill_cache = self.runner.new_cache()
+            row.prefill_cache.ends = [0]
+        size = self.config.prefill_chunk_busy if self.running else self.config.prefill_chunk
+        chunk = tokens[row.prefilled : row.prefilled + size]
+        self.runner.forward([chunk], row.prefill_cache, None)
+        row.prefill_cache.advance([len(chunk)])
+        row.prefilled += len(chunk)
+        mx.eval(row.prefill_cache.arrays())
+        self.counters["forwards"] += 1
+        if row.prefilled < len(tokens):
+            return
+        self.waiting.popleft()
+        row.resume = False
+        self.group.append_rows(row.prefill_cache)
+        row.prefill_cache = None
+        self.running.append(row)
 
     def _propose(self, row: Row, asserted_only: bool = False) -> Proposal | None:
         """The row's proposal for the next round, or None.

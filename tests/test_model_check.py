@@ -160,39 +160,52 @@ def test_a_failing_prefill_ends_only_its_row(tiny_model):
         eng.close()
 
 
-def test_a_failing_batched_round_turns_the_engine_to_one_row(tiny_model):
-    """A batched round that fails at run time (the load-time check passed) ends its rows
-    and the engine serves one row at a time from then on, saying why; later requests
-    are answered."""
+def test_a_failing_batched_round_goes_on_one_row_at_a_time(tiny_model):
+    """A batched round that fails at run time (the load-time check passed): the engine
+    serves one row at a time from then on, saying why, and the rows of that round go
+    back to the queue with their output kept: the row at fault (its prompt holds the
+    poisoned token) fails alone, the others finish with the tokens they get alone, and
+    later requests are answered."""
     from jumpahead.engine.engine import Engine, EngineConfig
 
     model, tok, info = tiny_model
     eng = Engine(model, tok, info, EngineConfig(max_batch=8, cost_aware=False, prefix_cache=False))
     try:
         prompts = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True)
-                   for t in TEXTS[:2]]
+                   for t in TEXTS[:3]]
+        prompts[1] = [4242] + prompts[1]
         alone = [tokens_of(eng.generate_sync(GenerationRequest(prompt=p, max_tokens=16))) for p in prompts]
-        # rows of a batch go through forward_ragged: make a two-row round fail
-        real = eng.runner.forward_ragged
+        state = {"batched_failed": False}
+        real_ragged, real_forward = eng.runner.forward_ragged, eng.runner.forward
 
-        def ragged(rows, cache, counts):
-            if len(rows) > 1:
+        def ragged(rows, cache, counts):  # a round of several rows fails once
+            if len(rows) > 1 and not state["batched_failed"]:
+                state["batched_failed"] = True
                 raise RuntimeError("injected fault in a batched round")
-            return real(rows, cache, counts)
-        eng.runner.forward_ragged = ragged
+            return real_ragged(rows, cache, counts)
+
+        def forward(tokens, cache, *a, **k):  # after it, the row holding 4242 fails wherever it runs
+            rows = tokens.tolist() if hasattr(tokens, "tolist") else tokens
+            if state["batched_failed"] and any(4242 in r for r in rows):
+                raise RuntimeError("injected fault in row 1")
+            return real_forward(tokens, cache, *a, **k)
+        eng.runner.forward_ragged, eng.runner.forward = ragged, forward
         import asyncio
 
-        async def together():
+        async def together(ps):
             async def run(p, delay):
                 await asyncio.sleep(delay)
                 return [c async for c in eng.stream(GenerationRequest(prompt=p, max_tokens=16))]
-            return await asyncio.gather(*[run(p, 0.02 * i) for i, p in enumerate(prompts)])
+            return await asyncio.gather(*[run(p, 0.02 * i) for i, p in enumerate(ps)])
 
-        first = asyncio.run(together())
-        assert any(r[-1].finish_reason == "error" for r in first)
+        first = asyncio.run(together(prompts))
+        assert state["batched_failed"] and eng.metrics()["rows_requeued"] >= 2
+        assert first[1][-1].finish_reason == "error" and "row 1" in first[1][-1].error
+        for i in (0, 2):
+            assert first[i][-1].finish_reason in ("stop", "length") and tokens_of(first[i]) == alone[i]
         health = eng.health()
-        assert health["max_batch"] == 1 and "injected fault" in health["one_row_reason"]
-        again = asyncio.run(together())  # one row at a time now: both answer as alone
-        assert [tokens_of(r) for r in again] == alone
+        assert health["max_batch"] == 1 and "injected fault in a batched round" in health["one_row_reason"]
+        again = asyncio.run(together([prompts[0], prompts[2]]))  # one row at a time now
+        assert [tokens_of(r) for r in again] == [alone[0], alone[2]]
     finally:
         eng.close()
