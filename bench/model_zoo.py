@@ -228,6 +228,10 @@ SKIPPED: dict[str, str] = {
     "olmo": "needs the ai2-olmo package (mlx-lm exits: 'pip install ai2-olmo'), not installed",
     "prism_hadamard_qwen35": "a 2-bit Hadamard-rotated pack (ModelArgs requires its packed module manifest and "
                              "quantization group 128): there is no float model to build at random",
+    # reproduced without jumpahead: mlx_lm.load + stream_generate on this tiny model died
+    # with "corrupted double-linked list" in 1 of 6 runs (and "double free or corruption")
+    "phi3small": "mlx-lm's own forward corrupts the process heap on the CPU now and then (glibc aborts in "
+                 "plain mlx_lm.stream_generate, no jumpahead code), so there is no reference to check against",
 }
 
 # Per-type changes to the tests' configs: they are sized for a forward pass, not for
@@ -255,6 +259,11 @@ _OVERRIDES: dict[str, dict] = {
     "mamba2": {"time_step_limit": [0.01, 10.0], "head_dim": 32, "intermediate_size": 256},  # 8 x 32 = 2 x 128
     "exaone4": {"layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]},
     "minicpm3": {"rope_scaling": {"original_max_position_embeddings": 4096, "short_factor": 1.0, "long_factor": 1.0}},
+}
+# the same, inside a nested text_config
+_TEXT_OVERRIDES: dict[str, dict] = {
+    # the tests' soft cap of 1.0 squeezes every logit to ~1.0: argmax ties everywhere
+    "gemma3n": {"final_logit_softcapping": 30.0},
 }
 _HIDDEN = ("hidden_size", "n_embd", "d_model", "model_dim", "hidden_dim", "dim")
 _WIDTHS = (*_HIDDEN, "intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size", "block_dim",
@@ -315,6 +324,8 @@ def tiny_config(model_type: str) -> dict:
         raise KeyError(f"{model_type}: no tiny config (mlx-lm's tests build none and none is written here)")
     cfg = json.loads(json.dumps(src))
     cfg.update(_OVERRIDES.get(model_type, {}))
+    if isinstance(cfg.get("text_config"), dict):
+        cfg["text_config"].update(_TEXT_OVERRIDES.get(model_type, {}))
     _shrink(cfg)
     if isinstance(cfg.get("text_config"), dict):
         _shrink(cfg["text_config"])
