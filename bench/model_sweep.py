@@ -311,8 +311,11 @@ def run_child(model_type: str, root: Path, timeout: float, tokens: int = TOKENS,
         cmd.append("--no-kv")
     t0 = time.time()
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        # one BLAS thread a child unless told otherwise: children run side by side
+        # (--jobs), and OpenBLAS threads on an oversubscribed CPU wait on each other
+        # (a 23-token forward of the default model took 21 s instead of 0.4 at load 8)
+        env = {"JUMPAHEAD_BLAS_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1"}
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"type": model_type, "outcome": "crash", "reason": f"hung: no result in {timeout:.0f} s",
                 "s": round(time.time() - t0, 1)}
