@@ -27,8 +27,13 @@ whose real tokens never reach a layer's state differs by whole logits, not round
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
-from dataclasses import dataclass, field
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
@@ -145,17 +150,79 @@ def _rollback_ok(runner: "ModelRunner", tol: float) -> tuple[bool, float]:
     return _close(after, expect, tol)
 
 
+# Bump when what `check` runs or decides changes: verdicts kept on disk are keyed by it.
+CHECK_VERSION = 1
+
+
 def check_once(runner: "ModelRunner") -> ServingCheck:
-    """`check`, once per loaded model object and KV format: engines built again over
-    the same weights in one process (tests, replay arms) reuse the outcome."""
+    """`check`, once per loaded model object and KV format (engines built again over the
+    same weights in one process reuse the outcome) and once per weights on this machine:
+    the verdict is kept in `$JUMPAHEAD_HOME/serving-checks.json`, keyed by the weights'
+    fingerprint, the KV format, the model class and the versions of MLX, mlx-lm and this
+    check, so a restarted server does not run it again (a large model on a CPU takes
+    tens of seconds). `JUMPAHEAD_MODEL_CHECK_CACHE`: another file, or "off"."""
     memo = getattr(runner.model, "_jumpahead_serving", None)
     if memo is None:
         memo = {}
         object.__setattr__(runner.model, "_jumpahead_serving", memo)  # not a parameter
     key = runner.kv_format.name if runner.kv_format is not None else "full"
     if key not in memo:
-        memo[key] = check(runner)
+        path, disk_key = _disk_place(runner, key)
+        kept = _read(path, disk_key)
+        if kept is not None:
+            log.info("serving check of %s (%s): kept verdict from %s: %s", runner.model_type, key, path, kept.mode)
+            memo[key] = kept
+        else:
+            t0 = time.perf_counter()
+            memo[key] = check(runner)
+            log.info("serving check of %s (%s): ran in %.1f s: %s", runner.model_type, key,
+                     time.perf_counter() - t0, memo[key].mode)
+            _write(path, disk_key, memo[key])
     return memo[key]
+
+
+def _disk_place(runner: "ModelRunner", fmt: str) -> tuple[Path | None, str]:
+    setting = os.environ.get("JUMPAHEAD_MODEL_CHECK_CACHE", "")
+    if setting.lower() in ("off", "0", "no"):
+        return None, ""
+    import mlx_lm
+
+    from .home import jumpahead_home
+    from .ssd_cache import model_fingerprint
+
+    path = Path(setting).expanduser() if setting else jumpahead_home() / "serving-checks.json"
+    cls = type(runner.model)
+    ident = ":".join([model_fingerprint(runner.model, runner.model_type), fmt, f"{cls.__module__}.{cls.__name__}",
+                      mx.__version__, mlx_lm.__version__, str(CHECK_VERSION)])
+    return path, hashlib.sha256(ident.encode()).hexdigest()[:32]
+
+
+def _read(path: Path | None, key: str) -> ServingCheck | None:
+    if path is None:
+        return None
+    try:
+        entry = json.loads(path.read_text()).get(key)
+        return ServingCheck(**entry) if isinstance(entry, dict) else None
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _write(path: Path | None, key: str, verdict: ServingCheck) -> None:
+    """Add the verdict to the file (written beside it and renamed: readers never see half)."""
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            table = json.loads(path.read_text())
+        except (OSError, ValueError):
+            table = {}
+        table[key] = asdict(verdict)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(table, indent=1))
+        os.replace(tmp, path)
+    except OSError as exc:  # a read-only home: the check runs again next time
+        log.info("serving check not kept on disk (%s)", exc)
 
 
 def _mlx_lm_rounds(runner: "ModelRunner", b: int, keep_all: bool) -> list[mx.array] | None:

@@ -3,12 +3,19 @@ and an openai client of it."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import jumpahead.engine  # noqa: F401  (loads OpenBLAS before mlx)
+
+# The load-time serving checks (engine/model_check.py) kept for this test session only:
+# processes the tests start reuse a verdict, and no verdict from older code is read.
+os.environ.setdefault("JUMPAHEAD_MODEL_CHECK_CACHE",
+                      str(Path(tempfile.mkdtemp(prefix="jumpahead-checks-")) / "serving-checks.json"))
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 

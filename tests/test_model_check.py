@@ -18,6 +18,7 @@ each a tiny random-weight model from mlx-lm's own classes (bench/model_zoo.py):
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -209,3 +210,36 @@ def test_a_failing_batched_round_goes_on_one_row_at_a_time(tiny_model):
         assert [tokens_of(r) for r in again] == [alone[0], alone[2]]
     finally:
         eng.close()
+
+
+def test_a_restarted_process_reads_the_verdict_instead_of_running_the_check(tmp_path):
+    """The check's verdict is kept on disk per weights, KV format and versions: a second
+    process over the same folder reads it (the log says which); another KV format or
+    a cache turned off runs it again."""
+    script = ("import logging, sys; logging.basicConfig(level='INFO', stream=sys.stdout)\n"
+              "import jumpahead.engine\n"
+              "from jumpahead.engine.loader import load_model\n"
+              "from jumpahead.engine.model_runner import ModelRunner\n"
+              "from jumpahead.engine.kv_format import parse_kv_format\n"
+              "m, t, i = load_model(sys.argv[1], progress=lambda s: None)\n"
+              "fmt = parse_kv_format(int(sys.argv[2]) if sys.argv[2] != '0' else None, None, 64)\n"
+              "print('MODE', ModelRunner(m, fmt).serving.mode)\n")
+    from jumpahead.bench.family_models import build
+    from jumpahead.engine.default_model import ensure_default_model
+
+    folder = build("llama", tmp_path, ensure_default_model(progress=lambda s: None), size="kv")  # 64-wide heads
+    file = tmp_path / "checks.json"
+
+    def run(bits: str, cache: str) -> str:
+        env = {**os.environ, "JUMPAHEAD_MODEL_CHECK_CACHE": cache}
+        out = subprocess.run([sys.executable, "-c", script, str(folder), bits], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "MODE batch" in out.stdout
+        return out.stdout
+
+    assert "ran in" in run("0", str(file)) and file.exists()
+    assert "kept verdict" in run("0", str(file))
+    assert "ran in" in run("8", str(file))  # another KV format: its own verdict
+    assert "kept verdict" in run("8", str(file))
+    assert "ran in" in run("0", "off")
