@@ -127,20 +127,26 @@ def family_config(family: str, size: str = "tiny") -> dict:
     return config
 
 
-def build(family: str, root: Path, tokenizer_dir: Path, seed: int = 0, size: str = "tiny") -> Path:
-    """An mlx-lm folder with `family`'s random model (cached under root)."""
+def random_model(config: dict, seed: int = 0):
+    """mlx-lm's own Model for `config` with seeded random weights, scaled (WEIGHT_SCALE)."""
     from mlx_lm.utils import _get_classes
 
-    out = Path(root) / (family if size == "tiny" else f"{family}-{size}")
-    if (out / "model.safetensors").exists():
-        return out
-    config = family_config(family, size)
     model_class, args_class = _get_classes(config)
     mx.random.seed(seed)
     model = model_class(args_class.from_dict(config))
     scaled = tree_map(lambda p: p * WEIGHT_SCALE if mx.issubdtype(p.dtype, mx.floating) and p.ndim >= 2 else p,
                       model.parameters())
     model.update(scaled)
+    return model
+
+
+def build(family: str, root: Path, tokenizer_dir: Path, seed: int = 0, size: str = "tiny") -> Path:
+    """An mlx-lm folder with `family`'s random model (cached under root)."""
+    out = Path(root) / (family if size == "tiny" else f"{family}-{size}")
+    if (out / "model.safetensors").exists():
+        return out
+    config = family_config(family, size)
+    model = random_model(config, seed)
     weights = dict(tree_flatten(model.parameters()))
     mx.eval(weights)
     return _write_folder(out, weights, config, tokenizer_dir)

@@ -21,10 +21,10 @@ import shutil
 from pathlib import Path
 
 import mlx.core as mx
-from mlx.utils import tree_flatten, tree_map
+from mlx.utils import tree_flatten
 
 from jumpahead.bench import family_models
-from jumpahead.bench.family_models import VOCAB, WEIGHT_SCALE, WINDOW, _write_folder
+from jumpahead.bench.family_models import VOCAB, WINDOW, _write_folder
 
 MAX_LAYERS = 4
 MAX_HIDDEN = 128
@@ -336,16 +336,8 @@ def tiny_config(model_type: str) -> dict:
 
 def instantiate(model_type: str, seed: int = 0):
     """(mlx-lm's Model of the tiny config with scaled random weights, config)."""
-    from mlx_lm.utils import _get_classes
-
     config = tiny_config(model_type)
-    model_class, args_class = _get_classes(config)
-    mx.random.seed(seed)
-    model = model_class(args_class.from_dict(config))
-    scaled = tree_map(lambda p: p * WEIGHT_SCALE if mx.issubdtype(p.dtype, mx.floating) and p.ndim >= 2 else p,
-                      model.parameters())
-    model.update(scaled)
-    return model, config
+    return family_models.random_model(config, seed), config
 
 
 def build(model_type: str, root: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
