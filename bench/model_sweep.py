@@ -148,18 +148,7 @@ def _staggered(engine, prompts: list[list[int]], alone: list[list[int]], n: int)
 
 def _engine_logits(engine):
     """Reference logits over the engine's own (quantized) cache, one fresh forward."""
-    import mlx.core as mx
-
-    runner = engine.runner
-
-    def logits(tokens: list[int]):
-        cache = runner.new_cache()
-        cache.ends = [0]
-        out = runner.forward([tokens], cache)[0, -1].astype(mx.float32)
-        mx.eval(out)
-        return out
-
-    return logits
+    return engine.runner.fresh_logits
 
 
 def _classify_load_error(exc: BaseException) -> tuple[str, str]:

@@ -180,6 +180,15 @@ class ModelRunner:
         mx.eval(logits)
         return time.perf_counter() - t0
 
+    def fresh_logits(self, tokens: list[int]) -> mx.array:
+        """The logits after `tokens`, from one forward over a fresh cache in the served
+        KV format (float32, evaluated): the single-forward reference oracles compare to."""
+        cache = self.new_cache()
+        cache.ends = [0]
+        out = self.forward([tokens], cache)[0, -1].astype(mx.float32)
+        mx.eval(out)
+        return out
+
     def new_cache(self) -> RowKVCache:
         cache = RowKVCache(self.layout, self.kv_format)
         cache.key_widths = self.key_widths

@@ -135,18 +135,10 @@ def ordinary(f: dict, i: int) -> list[int]:
 def check(f: dict, i: int, got: list[int]) -> str:
     """got equals ordinary decoding of prompt i, or differs first at a near-tie of the
     single-forward reference over the same quantized cache (test_kv_quant)."""
-    runner = f["engine"].runner
-
-    def logits(tokens: list[int]) -> mx.array:
-        cache = runner.new_cache()
-        cache.ends = [0]
-        out = runner.forward([tokens], cache)[0, -1].astype(mx.float32)
-        mx.eval(out)
-        return out
-
     fmt = f["format"]
     return assert_same_or_near_tie(f["model"], f["prompts"][i], got, ordinary(f, i),
-                                   tol=QUANT_TIE[min(fmt.key_bits, fmt.value_bits)], logits_fn=logits)
+                                   tol=QUANT_TIE[min(fmt.key_bits, fmt.value_bits)],
+                                   logits_fn=f["engine"].runner.fresh_logits)
 
 
 def staggered_four(f: dict, method: str) -> list[dict]:
