@@ -23,6 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import attention
+from . import fast_ops
 from . import model_check
 from .cache_layout import UnsupportedModel, has_recurrent, model_layout, single_row, summary
 from .kv_format import KVFormat
@@ -35,6 +36,17 @@ log = logging.getLogger("jumpahead.engine")
 def _trunk(model: nn.Module) -> nn.Module | None:
     trunk = getattr(model, "model", None)
     return trunk if isinstance(trunk, nn.Module) and hasattr(trunk, "embed_tokens") else None
+
+
+def _activation_dtype(model: nn.Module) -> mx.Dtype:
+    """The dtype the model computes in: its first floating parameter's (a quantized
+    model's scales are in it)."""
+    from mlx.utils import tree_flatten
+
+    for _, v in tree_flatten(model.parameters()):
+        if mx.issubdtype(v.dtype, mx.floating):
+            return v.dtype
+    return mx.float32
 
 
 def _head_candidates(model: nn.Module, trunk: nn.Module) -> list[Callable[[mx.array], mx.array]]:
@@ -73,6 +85,8 @@ class ModelRunner:
         if kv_format is not None and not installed:
             raise UnsupportedModel(f"{self.model_type}: --kv-bits needs attention through mlx-lm's "
                                    "scaled_dot_product_attention, which this model class does not call")
+        # RoPE and RMSNorm with fewer graph nodes where verified bit-identical here
+        self.fast_ops = fast_ops.install(model, _activation_dtype(model))
         self.trunk = _trunk(model)
         self.head = None
         # The trunk's final hidden state at the positions that got logits in the last
@@ -114,6 +128,7 @@ class ModelRunner:
                     # or the load-time check (engine/model_check.py)
                     "one_row_per_forward": self.one_row,
                     **self.serving.describe(),
+                    "fast_ops": self.fast_ops,
                     "kv_cache": {**(self.kv_format.describe() if self.kv_format else {"format": "full"}),
                                  "bytes_per_token": self.kv_bytes_per_token,
                                  "sliding_window_bytes_per_row": self.window_bytes}})
@@ -213,6 +228,10 @@ class ModelRunner:
         """
         inputs = tokens if isinstance(tokens, mx.array) else mx.array(tokens, dtype=mx.int32)
         cache.begin(inputs.shape[1], starts, lengths=lengths)
+        with fast_ops.active():
+            return self._forward(inputs, cache, positions)
+
+    def _forward(self, inputs: mx.array, cache: RowKVCache, positions: slice | None) -> mx.array | None:
         if self.split:
             hidden = self.trunk(inputs, cache=cache.layers)
             if self.keep_all_hidden:
@@ -248,7 +267,8 @@ class ModelRunner:
             picks += [start + len(r) - n + i for i in range(n)]
             packed += len(r)
         if ragged:
-            hidden = ragged_hidden(self.model, rows, cache)
+            with fast_ops.active():
+                hidden = ragged_hidden(self.model, rows, cache)
             if self.keep_all_hidden:
                 starts = [0]
                 for r in rows:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
+from . import fast_ops
 from .attention import attention
 from .row_cache import ForwardPlan, RowKVCache, map_buffer
 
@@ -104,7 +105,8 @@ class RaggedLayout:
         writes only real tokens) and slice its mask for each run."""
         plan.token_rows = [b for b, n in enumerate(self.widths) for _ in range(n)]
         plan.token_pos = [plan.starts[b] + i for b, n in enumerate(self.widths) for i in range(n)]
-        self.positions = mx.array(plan.token_pos, dtype=mx.int32)  # RoPE offset of each packed token
+        # RoPE offset of each packed token (engine/fast_ops.py reads its positions' bound)
+        self.positions = fast_ops.mark(mx.array(plan.token_pos, dtype=mx.int32), max(plan.token_pos) + 1)
         for r in self.runs or ():
             r.mask = plan.mask[r.start : r.stop, :, : r.width, :]
 

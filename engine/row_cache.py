@@ -40,6 +40,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import ArraysCache
 
+from . import fast_ops
 from .cache_layout import CHUNKED, FULL, LIST, RECURRENT, SLIDING, LayerKind
 from .kv_format import KVFormat
 
@@ -158,7 +159,7 @@ def plan_forward(
     tokens when the rows are padded to `width`."""
     uniform = not explicit and all(s == starts[0] for s in starts)
     span = max(starts) + width
-    offset = mx.array(starts, dtype=mx.int32)
+    offset = fast_ops.mark(mx.array(starts, dtype=mx.int32), span)  # RoPE reads it (engine/fast_ops.py)
     index = None
     if uniform:
         # Keys are exactly [0, start+width): "causal" (bottom-right aligned) is exact.
@@ -221,7 +222,7 @@ class LayerCache:
     @property
     def offset(self) -> mx.array | int:
         plan = self.plan
-        return plan.starts[0] if plan.uniform else plan.offset
+        return fast_ops.RowStart(plan.starts[0]) if plan.uniform else plan.offset
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
         plan = self.plan
