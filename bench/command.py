@@ -32,6 +32,9 @@ KINDS: dict[str, tuple[str, str]] = {
                     "prefix-cache hits and time to first token per turn"),
     "models": ("jumpahead.bench.model_sweep", "every model type mlx-lm ships, tiny and random, served as serve "
                "does by default and checked against mlx-lm: batch, one-row, refused or a failure per type"),
+    "roofline": ("jumpahead.bench.roofline", "this machine's limits measured now (stream read GB/s, the bound "
+                 "BLAS's sgemm and decode-shape rates, MLX dispatch per node) and where each ms of a decode "
+                 "step goes against them: weights, attention, graph build, other ops"),
     "trace-size": ("jumpahead.bench.trace_size", "trace file bytes: delta-encoded turn lines vs every turn whole"),
 }
 

@@ -1,0 +1,53 @@
+"""`jumpahead bench roofline` (bench/roofline.py) on its cheapest configuration: the tiny
+random-weight llama, one row at a 64-token context, a few steps, small read tests. What
+is checked is the report's structure and that its parts add up, not the speeds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from jumpahead.bench import command
+from jumpahead.bench.roofline import main
+
+
+def test_roofline_report_adds_up(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "roofline.json"
+    assert main(["--model", str(tiny_model_dir), "--contexts", "64", "--rows", "1", "--steps", "3",
+                 "--repeats", "1", "--stream-mb", "16", "--matrices", "4", "--tokens", "6", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["bench"] == "roofline" and "roofline" in command.KINDS
+
+    machine = result["machine"]
+    stream = machine["stream"]
+    assert stream["stream_read_gb_s"] > 0 and stream["numpy_sum_gb_s"] > 0
+    assert stream["stream_read_gb_s"] == stream[stream["stream_read_source"]]
+    blas = machine["blas"]
+    assert blas["mlx_sgemm_prefill_gflop_s"] > 0
+    assert set(blas["mlx_decode_read_gb_s"]) == {"m1", "m4"} and min(blas["mlx_decode_read_gb_s"].values()) > 0
+    dispatch = machine["dispatch"]
+    assert dispatch["chain_nodes"] >= 1000 and dispatch["eval_us_per_node"] > 0 and dispatch["build_us_per_node"] > 0
+
+    shape = result["model_shape"]
+    assert shape["linear_layers"] > 0 and shape["weight_bytes"] > shape["head_bytes"] > 0
+
+    (run,) = result["runs"]
+    assert (run["rows"], run["context"]) == (1, 64)
+    step, split, nodes = run["step"], run["split"], run["nodes"]
+    for value in (step["total_ms"], step["forward_ms"], step["eval_ms"], step["graph_build_ms"], step["sampler_ms"],
+                  split["weights_ms"], split["attention_ms"], split["graph_build_ms"]):
+        assert value >= 0
+    assert abs(step["forward_ms"] + step["eval_ms"] - step["total_ms"]) <= 0.01
+    parts = split["weights_ms"] + split["attention_ms"] + split["graph_build_ms"] + split["other_ops_and_dispatch_ms"]
+    assert abs(parts - step["total_ms"]) <= 0.01, (parts, step)
+    assert split["graph_build_ms"] == step["graph_build_ms"]
+    assert nodes["per_step"] > 0 and sum(nodes["top_primitives"].values()) <= nodes["per_step"]
+    assert split["attention_layers"] == shape["layers"] and split["weight_bytes"] == shape["weight_bytes"]
+    assert sum(g["layers"] for g in split["weights_by_shape"].values()) == split["linear_layers"]
+    assert any(name.startswith("head ") for name in split["weights_by_shape"])
+    floors = run["floors"]
+    assert 0 < floors["bandwidth_floor_ms"] and floors["kv_bytes"] == 64 * shape["kv_bytes_per_token"]
+    assert run["prefill"]["chunk_tokens"] == 64 and run["prefill"]["tok_s"] > 0
+
+    served = result["served"]
+    assert served["tok_s"] > 0 and served["split_context"] == 64 and served["split_tok_s"] > 0
