@@ -55,6 +55,31 @@ def test_numpy_softmax_attention_equals_mlx_kernel(monkeypatch, B, Hq, Hkv, L, S
     assert mx.abs(got - want).max().item() < 2e-5
 
 
+@pytest.mark.parametrize(
+    "B,Hq,Hkv,L,S",
+    [
+        (1, 9, 3, 512, 2048),  # a prefill chunk at 2k context, the default model's heads
+        (1, 9, 3, 100, 100),  # a first chunk: the whole score tensor is the causal block
+        (2, 8, 2, 70, 300),  # two rows (a padded verifying round of uniform rows)
+        (1, 4, 4, 64, 90),  # no grouped heads
+    ],
+)
+def test_per_head_path_is_bit_identical_to_the_batched_one(monkeypatch, B, Hq, Hkv, L, S):
+    """The prefill path (2D matmuls per key head) gives the very bits of the batched
+    path, and both match MLX's kernel."""
+    monkeypatch.setattr(att, "NUMPY_MIN", 0)
+    q, k, v = _inputs(B, Hq, Hkv, L, S, seed=L)
+    monkeypatch.setattr(att, "PER_HEAD_MIN_ROWS", 10**9)
+    batched = att.attention(q, k, v, 0.125, "causal")
+    monkeypatch.setattr(att, "PER_HEAD_MIN_ROWS", 1)
+    per_head = att._per_head(q, k, v, 0.125, True, Hq // Hkv)
+    assert per_head is not None  # the path ran (its buffers were writable in place)
+    got = att.attention(q, k, v, 0.125, "causal")
+    assert mx.array_equal(per_head, batched).item() and mx.array_equal(got, batched).item()
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal")
+    assert mx.abs(got - want).max().item() < 2e-5
+
+
 def test_small_scores_keep_the_mlx_kernel(monkeypatch):
     q, k, v = _inputs(1, 9, 3, 1, 40)
     assert 9 * 40 < att.NUMPY_MIN
