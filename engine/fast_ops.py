@@ -100,6 +100,7 @@ class RopeTable:
         self.cos: mx.array | None = None
         self.sin: mx.array | None = None
         self.size = 0
+        self.compiled = True  # the rotation compiled (False where that failed its check)
         # this forward's gathered (cos, sin), by (offset identity or value, width)
         self._memo: tuple[Any, tuple[mx.array, mx.array]] | None = None
 
@@ -288,15 +289,21 @@ def _rope_key(module: Any) -> tuple:
             None if freqs is None else tuple(freqs.tolist()))
 
 
+def _failure(check: Callable[[], str | None]) -> str | None:
+    """Why a verification fails (its own reason, or what it raised: a compile failure
+    where no C++ compiler is at hand); None when it passes."""
+    try:
+        return check()
+    except Exception as exc:  # noqa: BLE001 (MLX's CPU compile invokes the system compiler)
+        return f"{type(exc).__name__}: {exc}"
+
+
 def _checked_table(module: Any, sig: tuple, dtype: mx.Dtype, report: dict) -> RopeTable | None:
     dims, traditional = sig
     table = RopeTable(module, dims, traditional, dtype)
     for compiled in (True, False):
         table.compiled = compiled
-        try:
-            why = _verify_rope(TableRope(module, table, compiled), module, dtype)
-        except Exception as exc:  # noqa: BLE001 (a compile failure: no C++ compiler here)
-            why = f"{type(exc).__name__}: {exc}"
+        why = _failure(lambda: _verify_rope(TableRope(module, table, compiled), module, dtype))
         if why is None:
             return table
         report["left"].append(f"{type(module).__name__}{' compiled' if compiled else ''}: {why}")
@@ -305,10 +312,7 @@ def _checked_table(module: Any, sig: tuple, dtype: mx.Dtype, report: dict) -> Ro
 
 def _checked_norm(module: nn.RMSNorm, dtype: mx.Dtype, report: dict) -> Callable | None:
     fn = _rms_fn(float(module.eps))
-    try:
-        why = _verify_norm(FastRMSNorm(module, fn), dtype)
-    except Exception as exc:  # noqa: BLE001 (a compile failure: no C++ compiler here)
-        why = f"{type(exc).__name__}: {exc}"
+    why = _failure(lambda: _verify_norm(FastRMSNorm(module, fn), dtype))
     if why is None:
         return fn
     report["left"].append(f"RMSNorm: {why}")
