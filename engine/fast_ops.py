@@ -141,8 +141,28 @@ class RopeTable:
         return c, s
 
 
-class TableRope:
+class _StandIn:
+    """A module's stand-in: every attribute it does not own is the module's own (code
+    that reads or sets a norm's `weight` or a RoPE's `dims` reaches the module)."""
+
+    _own: frozenset[str] = frozenset()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "original":  # not yet set (during construction)
+            raise AttributeError(name)
+        return getattr(self.original, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._own:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.original, name, value)
+
+
+class TableRope(_StandIn):
     """Stands in for a RoPE module: the table path inside the engine's forwards."""
+
+    _own = frozenset({"original", "table", "rotate"})
 
     def __init__(self, original: Any, table: RopeTable, compiled: bool) -> None:
         self.original = original
@@ -213,8 +233,10 @@ def _rms_fn(eps: float) -> Callable[[mx.array, mx.array], mx.array]:
     return mx.compile(rms, shapeless=True)
 
 
-class FastRMSNorm:
+class FastRMSNorm(_StandIn):
     """Stands in for nn.RMSNorm: one compiled function inside the engine's forwards."""
+
+    _own = frozenset({"original", "fn"})
 
     def __init__(self, original: nn.RMSNorm, fn: Callable) -> None:
         self.original = original

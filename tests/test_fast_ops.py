@@ -85,6 +85,21 @@ def test_rope_outside_the_engines_forwards_runs_the_module() -> None:
         assert "Cos" not in _labels(holder.rope(x, offset=fast_ops.RowStart(5)))
 
 
+def test_stand_ins_pass_attributes_to_their_modules() -> None:
+    """Code that reads or sets a norm's weight or a RoPE's dims (a drafter copying the
+    target's final norm) reaches the module itself."""
+    norm, rope = nn.RMSNorm(8), nn.RoPE(16)
+    holder = Holder(rope=rope, norm=norm)
+    fast_ops.install(holder, mx.float32)
+    assert isinstance(holder.norm, fast_ops.FastRMSNorm) and isinstance(holder.rope, fast_ops.TableRope)
+    assert holder.norm.weight is norm.weight and holder.norm.eps == norm.eps and holder.rope.dims == 16
+    holder.norm.weight = mx.full((8,), 2.0)
+    assert norm.weight is holder.norm.weight  # set on the module, which the stand-in runs
+    x = mx.random.normal((1, 2, 8))
+    with fast_ops.active():
+        assert mx.array_equal(holder.norm(x), norm(x)).item()
+
+
 def test_rope_verification_refuses_a_table_of_another_rotation() -> None:
     a, b = nn.RoPE(64, base=10000), nn.RoPE(64, base=500000)
     table = fast_ops.RopeTable(b, 64, False, mx.float32)
