@@ -123,15 +123,16 @@ def run(model_name: str | None = None, tokens: int = 64, repeats: int = 3, batch
     }
 
 
-def parse_contexts(parser: Any, text: str) -> list[int]:
-    """A --contexts value: comma-separated positive prompt lengths (else the argparse
-    parser's usage error). bench/attention.py reads its --contexts so too."""
+def parse_contexts(parser: Any, text: str, name: str = "contexts") -> list[int]:
+    """A --contexts value (or another option `name`'s): comma-separated positive
+    integers, else the argparse parser's usage error. bench/attention.py and
+    bench/roofline.py read theirs so too."""
     try:
         contexts = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        parser.error(f"--contexts must be comma-separated integers, got {text!r}")
+        parser.error(f"--{name} must be comma-separated integers, got {text!r}")
     if not contexts or min(contexts) < 1:
-        parser.error("--contexts needs at least one positive length")
+        parser.error(f"--{name} needs at least one positive value")
     return contexts
 
 

@@ -648,16 +648,6 @@ def served(engine: Any, tokens: int, repeats: int) -> dict[str, Any]:
             "tok_s": _r(statistics.median(rates), 2), "samples_tok_s": [_r(x, 2) for x in rates]}
 
 
-def _parse_list(ap: argparse.ArgumentParser, name: str, text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        ap.error(f"--{name} must be comma-separated integers, got {text!r}")
-    if not values or min(values) < 1:
-        ap.error(f"--{name} needs at least one positive value")
-    return values
-
-
 def run(model_name: str | None, rows: list[int], contexts: list[int], steps: int, repeats: int, stream_mb: int,
         matrices: int, tokens: int) -> dict[str, Any]:
     from jumpahead.engine.engine import Engine, EngineConfig
@@ -723,8 +713,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="tokens of the served decode through engine.stream (default 64; 0 skips it)")
     ap.add_argument("--out", default=None, help="also write the JSON result to this file")
     args = ap.parse_args(argv)
-    rows = _parse_list(ap, "rows", args.rows)
-    contexts = _parse_list(ap, "contexts", args.contexts)
+    from .decode import parse_contexts
+
+    rows = parse_contexts(ap, args.rows, "rows")
+    contexts = parse_contexts(ap, args.contexts)
     if args.steps < 1 or args.repeats < 1 or args.matrices < 1 or args.stream_mb < 1:
         ap.error("--steps, --repeats, --matrices and --stream-mb must be positive")
     from jumpahead.core.output import emit

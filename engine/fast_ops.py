@@ -12,7 +12,8 @@ and RoPE alone is ~1,900 of them. So, for the modules where it gives the same bi
   The table is made by running the module itself on a probe (ones in the first half,
   zeros in the second: the outputs are exactly its cosines and sines), so nothing is
   read from its source or configuration beyond `dims` and `traditional`.
-- RMSNorm runs the fallback's arithmetic as one compiled function (3 nodes).
+- RMSNorm runs the fallback's arithmetic as one compiled function (4 nodes: the
+  reduction stays apart).
 
 Each substitution is *verified at load* against the module it replaces (random
 inputs, several widths, int and per-row offsets, the model's dtype) and installed
@@ -164,10 +165,10 @@ class TableRope(_StandIn):
 
     _own = frozenset({"original", "table", "rotate"})
 
-    def __init__(self, original: Any, table: RopeTable, compiled: bool) -> None:
+    def __init__(self, original: Any, table: RopeTable) -> None:
         self.original = original
         self.table = table
-        self.rotate = _rotate_compiled if compiled else _rotate
+        self.rotate = _rotate_compiled if table.compiled else _rotate
 
     def __call__(self, x: mx.array, offset: Any = 0) -> mx.array:
         width = x.shape[-2]
@@ -291,7 +292,7 @@ def install(model: nn.Module, dtype: mx.Dtype) -> dict[str, Any]:
                 tables[key] = _checked_table(child, sig, dtype, report)
             table = tables[key]
             if table is not None:
-                object.__setattr__(parent, name, TableRope(child, table, table.compiled))
+                object.__setattr__(parent, name, TableRope(child, table))
                 report["rope_modules"] += 1
             continue
         if type(child) is nn.RMSNorm:
@@ -325,7 +326,7 @@ def _checked_table(module: Any, sig: tuple, dtype: mx.Dtype, report: dict) -> Ro
     table = RopeTable(module, dims, traditional, dtype)
     for compiled in (True, False):
         table.compiled = compiled
-        why = _failure(lambda: _verify_rope(TableRope(module, table, compiled), module, dtype))
+        why = _failure(lambda: _verify_rope(TableRope(module, table), module, dtype))
         if why is None:
             return table
         report["left"].append(f"{type(module).__name__}{' compiled' if compiled else ''}: {why}")

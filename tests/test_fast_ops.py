@@ -103,7 +103,7 @@ def test_stand_ins_pass_attributes_to_their_modules() -> None:
 def test_rope_verification_refuses_a_table_of_another_rotation() -> None:
     a, b = nn.RoPE(64, base=10000), nn.RoPE(64, base=500000)
     table = fast_ops.RopeTable(b, 64, False, mx.float32)
-    why = fast_ops._verify_rope(fast_ops.TableRope(a, table, False), a, mx.float32)
+    why = fast_ops._verify_rope(fast_ops.TableRope(a, table), a, mx.float32)
     assert why is not None and "differs" in why
 
 
