@@ -25,7 +25,7 @@ from .ground_truth import expected_state, label_call, longest_repeat, snapshot, 
 from .sandbox import SYSTEM_PROMPT, TOOLS, run_tool
 from .world import LONG_KINDS, Task
 
-from .oracle import ORACLE_FIELD
+from .oracle import HINDSIGHT_FIELD, ORACLE_FIELD, hindsight_output
 
 DEFAULT_MAX_STEPS = 6
 DEFAULT_MAX_TOKENS = 256
@@ -68,6 +68,9 @@ class TurnRecord:
     # truth (right | wrong | harmless), changed paths, bad_after
     calls: list[dict[str, Any]] = field(default_factory=list)
     timings: dict[str, Any] = field(default_factory=dict)  # the server's, from its trace (live/runner.py)
+    # the model's raw output in its own format (call markup included), from the server's
+    # trace: the hindsight arm's recording of this turn (live/oracle.py)
+    output: str = ""
 
 
 @dataclass
@@ -83,6 +86,7 @@ class TaskRecord:
     final_answer: str = ""
     wall_s: float = 0.0
     turns: list[TurnRecord] = field(default_factory=list)
+    hindsight_turns: int | None = None  # hindsight arm: turns sent the ordinary arm's recording
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -122,10 +126,15 @@ def _usage(resp: Any) -> tuple[int, int, int, dict[str, Any]]:
 
 
 def run_task(client: Any, task: Task, workspace: Path, arm_name: str, request_field: dict[str, Any],
-             session: str, oracle: bool, options: AgentOptions) -> TaskRecord:
-    """Run `task` in `workspace` (set up here) against the server behind `client`."""
+             session: str, oracle: bool, options: AgentOptions,
+             hindsight: list[dict[str, Any]] | None = None) -> TaskRecord:
+    """Run `task` in `workspace` (set up here) against the server behind `client`.
+    `hindsight`: the ordinary arm's turns of this seed (live/oracle.py recorded_turns);
+    each request carries the next recorded output while this run is still on it."""
     record = TaskRecord(arm=arm_name, seed=task.seed, kind=task.kind, steps=task.steps, session=session)
     expected = expected_state(task)  # what the ideal solution leaves: each call is judged against it
+    if hindsight is not None:
+        record.hindsight_turns = 0
     task.setup(workspace)
     jumpahead = {**request_field, "session": session}
     if oracle:
@@ -141,6 +150,12 @@ def run_task(client: Any, task: Task, workspace: Path, arm_name: str, request_fi
             if left <= 0:
                 record.status = "timeout"
                 break
+            if hindsight is not None:
+                jumpahead.pop(HINDSIGHT_FIELD, None)
+                recorded = hindsight_output(hindsight, record.turns)
+                if recorded is not None:
+                    jumpahead[HINDSIGHT_FIELD] = recorded
+                    record.hindsight_turns = (record.hindsight_turns or 0) + 1
             t_turn = time.perf_counter()
             resp = client.chat.completions.create(
                 model=options.model, messages=messages, tools=TOOLS, max_tokens=max_tokens,

@@ -13,10 +13,15 @@ Only an arm that runs method "drafter" loads a drafter.
 Methods go in every request (`"jumpahead": {"methods": [...]}`, exactly the lists replay
 gives the engine; `none` keeps strict fill off) and the arm's server is started with
 `--methods none` (nothing runs that the arm does not name), or with no `--methods` for
-`default`. Policies are started with the server (`--policy SPEC`, in order). Oracle
-jumps live on the task's ideal calls (live/oracle.py): `oracle-jump` runs
-`LiveOracleJump` and `mistaken-jump:...,base=oracle` runs `LiveMistakenJump`; such arms
-send the ideal calls in each request.
+`default`. Policies are started with the server (`--policy SPEC`, in order).
+
+Two live oracles (live/oracle.py). `hindsight-jump` runs `LiveHindsightJump`: the
+ordinary arm's recorded output of the same turn of the same seed, supplied only where its
+content existed before the jump point; its requests carry that recording, so the runner
+runs the ordinary arm of a seed first. `steering-jump` (old name `oracle-jump`) runs
+`LiveOracleJump` on the task's ideal calls, sent in each request: it can steer the model
+to the answer, so it is a labelled comparison, never the upper bound.
+`mistaken-jump:rate=R,base=hindsight|steering` perturbs either (`base=oracle` is steering).
 
 Every arm runs on its own server (its own prefix cache, RAM only), so arms never warm
 each other's caches.
@@ -33,11 +38,13 @@ from jumpahead.traces.arms import BASELINE, ArmError, parse_arm, split_arms
 
 DEFAULT = "default"
 LIVE_ORACLE = "jumpahead.live.oracle:LiveOracleJump"
+LIVE_HINDSIGHT = "jumpahead.live.oracle:LiveHindsightJump"
 LIVE_MISTAKEN = "jumpahead.live.oracle:LiveMistakenJump"
+HINDSIGHT, STEERING = "hindsight-jump", "steering-jump"
 # The arms of the issue's full run (`jumpahead live --arms all`).
-ALL_ARMS = ("ordinary", "strict", "echo", "default", "jump", "early-jump", "oracle-jump",
-            "mistaken-jump:rate=0.1,base=oracle", "mistaken-jump:rate=0.3,base=oracle",
-            "compaction", "default+jump", "default+oracle-jump")
+ALL_ARMS = ("ordinary", "strict", "echo", "default", "jump", "early-jump", "echo+jump", HINDSIGHT, STEERING,
+            "mistaken-jump:rate=0.1,base=hindsight", "mistaken-jump:rate=0.3,base=hindsight",
+            "compaction", "default+jump", f"default+{HINDSIGHT}")
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,8 @@ class LiveArm:
     name: str
     methods: list[str] | None  # per-request methods; None: the server's default
     policies: list[str] = field(default_factory=list)  # `serve --policy` specs, in order
-    oracle: bool = False  # requests carry the task's ideal calls
+    oracle: bool = False  # requests carry the task's ideal calls (steering)
+    hindsight: bool = False  # requests carry the ordinary arm's recorded output of the turn
 
     def serve_args(self) -> list[str]:
         args = [] if self.methods is None else ["--methods", "none"]
@@ -67,14 +75,33 @@ class LiveArm:
         return re.sub(r"[^A-Za-z0-9._-]+", "_", self.name).strip("_") or "arm"
 
 
-def _live_policy(spec: str) -> tuple[str, bool]:
-    """A replay policy spec as the live server runs it; whether it needs the oracle."""
+_BASE = re.compile(r"(^|,)\s*base\s*=\s*([\w-]+)\s*(?=,|$)")
+
+
+def _for_replay(part: str) -> tuple[str, str | None]:
+    """A live arm part as replay's parser knows it, and which live oracle it names
+    (`steering`, `hindsight` or None): both oracles are replay's `oracle-jump`."""
+    head, colon, rest = part.partition(":")
+    if head in (HINDSIGHT, STEERING, "oracle-jump"):
+        return f"oracle-jump{colon}{rest}", "hindsight" if head == HINDSIGHT else "steering"
+    base = _BASE.search(rest)
+    if head == "mistaken-jump" and base and base.group(2) in ("oracle", "oracle-jump", "steering", "hindsight"):
+        oracle = "hindsight" if base.group(2) == "hindsight" else "steering"
+        return f"{head}:{_BASE.sub(lambda m: f'{m.group(1)}base=oracle', rest)}", oracle
+    return part, None
+
+
+def _live_policy(spec: str, oracle: str | None) -> str:
+    """The `serve --policy` spec of a replay policy spec whose live oracle is `oracle`."""
     head, _, rest = spec.partition(":")
+    if oracle is None:
+        return spec
     if head == "oracle-jump":
-        return (f"{LIVE_ORACLE}:{rest}" if rest else LIVE_ORACLE), True
-    if head == "mistaken-jump" and re.search(r"(^|,)\s*base\s*=\s*oracle(-jump)?\s*(,|$)", rest):
-        return f"{LIVE_MISTAKEN}:{rest}", True
-    return spec, False
+        cls = LIVE_HINDSIGHT if oracle == "hindsight" else LIVE_ORACLE
+        return f"{cls}:{rest}" if rest else cls
+    if oracle == "hindsight":
+        rest = _BASE.sub(lambda m: f"{m.group(1)}base=hindsight", rest)
+    return f"{LIVE_MISTAKEN}:{rest}"
 
 
 def parse_live_arm(name: str) -> LiveArm:
@@ -84,17 +111,17 @@ def parse_live_arm(name: str) -> LiveArm:
     rest = [p for p in parts if p != DEFAULT]
     if not rest:
         return LiveArm(name, None)
+    translated = [_for_replay(p) for p in rest]
+    oracles = dict(translated)
     try:
-        arm = parse_arm("+".join(rest))
+        arm = parse_arm("+".join(t for t, _ in translated))
     except ArmError as exc:
-        raise ArmError(f"{exc}; live also knows '{DEFAULT}' (the server's default methods)") from None
+        raise ArmError(f"{exc}; live also knows '{DEFAULT}' (the server's default methods), "
+                       f"'{HINDSIGHT}' and '{STEERING}'") from None
     if arm.spec.asserted_strict:
         raise ArmError(f"arm {name!r}: asserted strict fill is a replay arm only (no server option runs it)")
-    policies, oracle = [], False
-    for spec in arm.policy_specs:
-        live, needs = _live_policy(spec)
-        policies.append(live)
-        oracle = oracle or needs
+    policies = [_live_policy(spec, oracles.get(spec)) for spec in arm.policy_specs]
+    used = {oracles.get(spec) for spec in arm.policy_specs}
     methods = None if default else arm.methods
     added = [m for m in arm.methods if m not in OFF]
     if default and added:
@@ -103,7 +130,7 @@ def parse_live_arm(name: str) -> LiveArm:
         if clash:
             raise ArmError(f"arm {name!r}: '{DEFAULT}' already runs {', '.join(clash)}")
         methods = [*SERVER_DEFAULT, *added]
-    return LiveArm(name, methods, policies, oracle)
+    return LiveArm(name, methods, policies, oracle="steering" in used, hindsight="hindsight" in used)
 
 
 def parse_live_arms(text: str | list[str]) -> list[LiveArm]:

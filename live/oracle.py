@@ -1,9 +1,11 @@
-"""Oracle jumps in a live run: the task's ideal tool calls are the hindsight.
+"""Oracle jumps in a live run: steering (the task's ideal calls) and hindsight (the
+model's own recorded future, from the ordinary arm on the same seed).
 
 Forced replay hands `oracle-jump` the recorded output of the turn
-(`jumpahead.oracle_output`, policies/jump.py). A live run has no recording: the model
-writes its own reasoning, so no fixed text can be a prefix of its output. What a live
-run does know is the task's ideal solution (`Task.ideal`: tool name and arguments in
+(`jumpahead.oracle_output`, policies/jump.py). An arm of a live run writes its own
+reasoning, so only a recording of the same model on the same conversation can be a
+prefix of its output (the hindsight oracle below). The steering oracle instead uses the
+task's ideal solution (`Task.ideal`: tool name and arguments in
 order). The agent sends it per request as `"jumpahead": {"oracle_calls": [{"name",
 "arguments"}, ...]}`, and `LiveOracleJump` builds, at each boundary, the oracle text the
 built-in policy expects: the model's output so far up to its open call, then the ideal
@@ -17,7 +19,21 @@ again. Where several ideal calls fit, the one the model's text of this turn name
 first in the ideal order: the model settles which call it makes before it writes it. No
 ideal call agrees with the call so far: no jump.
 
-`LiveMistakenJump` is `mistaken-jump` whose `base=oracle` is this live oracle.
+This ideal-call oracle *steers*: the task's answer travels with every request, so it
+can lead the model to calls it would not have made. Live arms name it `steering-jump`
+(`oracle-jump` is its old name); it is never the upper bound.
+
+The hindsight oracle is the model's own future: `LiveHindsightJump` is the built-in
+`OracleJump` fed, per turn, with the ordinary arm's recorded output of the same turn of
+the same seed (`oracle_output`, the field replay hands over). The runner runs the
+ordinary arm first (live/runner.py) and the agent sends turn k's recording only while
+every earlier turn of this run equals the recording's (`hindsight_output`): once the
+conversation left the recording, the recording is no longer this run's future.
+`OracleJump.plan` then supplies the recorded rest of a call only as far as its content
+already exists before the jump point (context or output so far), never further.
+
+`LiveMistakenJump` is `mistaken-jump` whose `base=oracle` (or `steering`) is the steering
+oracle and whose `base=hindsight` is the hindsight oracle.
 """
 
 from __future__ import annotations
@@ -132,7 +148,49 @@ class LiveMistakenJump(MistakenJump):
     name = "live-mistaken-jump"
 
     def __init__(self, **options: str) -> None:
-        super().__init__(**options)
-        if options.get("base") in ("oracle", "oracle-jump"):
+        base = options.get("base")
+        live = {"oracle": LiveOracleJump, "oracle-jump": LiveOracleJump, "steering": LiveOracleJump,
+                "hindsight": LiveHindsightJump}.get(base or "")
+        super().__init__(**{**options, "base": "oracle"} if live else options)
+        if live is not None:
             rest = {k: v for k, v in options.items() if k not in ("rate", "seed", "base")}
-            self.base = LiveOracleJump(**rest)
+            self.base = live(**rest)
+
+
+HINDSIGHT_FIELD = "oracle_output"  # the built-in oracle-jump's request field (policies/jump.py)
+
+
+class LiveHindsightJump(OracleJump):
+    """`oracle-jump` on the ordinary arm's recorded output of this turn (the module doc):
+    hindsight of the model's own continuation, supplied only where its content existed
+    before the jump point. Its own name keeps its interventions apart from steering's."""
+
+    name = "hindsight-jump"
+
+
+def recorded_turns(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ordinary arm's turns of one task record as the hindsight arm needs them: the
+    raw output (the model's own text, call markup included) and what the agent kept of it
+    (content and calls), to tell whether a later run is still on the recording."""
+    return [{"output": t.get("output") or "", "content": t.get("content") or "",
+             "calls": [(c.get("name"), c.get("arguments")) for c in t.get("calls") or []]}
+            for t in record.get("turns") or []]
+
+
+def _same_turn(turn: Any, recorded: dict[str, Any]) -> bool:
+    content = turn.get("content") if isinstance(turn, dict) else turn.content
+    calls = turn.get("calls") if isinstance(turn, dict) else turn.calls
+    return ((content or "") == recorded["content"]
+            and [(c.get("name"), c.get("arguments")) for c in calls or []] == list(recorded["calls"]))
+
+
+def hindsight_output(recording: list[dict[str, Any]], turns_so_far: list[Any]) -> str | None:
+    """The recorded output of the next turn, or None: past the recording's end, without
+    its raw text, or where an earlier turn of this run differs from the recorded one (the
+    recording is then no longer this run's future)."""
+    k = len(turns_so_far)
+    if k >= len(recording) or not recording[k]["output"]:
+        return None
+    if not all(_same_turn(t, r) for t, r in zip(turns_so_far, recording)):
+        return None
+    return recording[k]["output"]

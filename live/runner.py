@@ -4,7 +4,9 @@ Each arm gets its own `jumpahead serve` subprocess (live/arms.py: its methods an
 policies, `--trace-dir` for the engine's timings, RAM-only prefix cache, `--adapter`
 passed through). Every arm runs the same seeds. Jobs are interleaved: seed i runs all
 arms, in an order rotated by i, before seed i+1, so drift on a shared machine hits the
-arms alike; `--concurrency K` keeps K jobs in flight. After each task the runner joins
+arms alike; a hindsight arm runs last, after the ordinary arm of the seed, whose recorded
+outputs it is sent (live/oracle.py); `--concurrency K` keeps K jobs in flight. After each
+task the runner joins
 the server's trace of that task's session (one trace file per task) onto the agent's
 turns (prefill/decode seconds, rounds), appends the record to `tasks.jsonl`, and at the
 end writes `summary.json` (live/summary.py) and `report.html` (live/report.py). The
@@ -40,8 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"tasks per arm, the same seeds in every arm (default: {DEFAULT_TASKS})")
     parser.add_argument("--arms", default="ordinary,default", metavar="LIST",
                         help="comma-separated arms (ordinary, strict, echo, default, jump, "
-                             "jump:sources=output|context[,verify=1], early-jump[:verify=1], oracle-jump, "
-                             "mistaken-jump:rate=R[,base=oracle], compaction, combinations with '+', "
+                             "jump:sources=output|context[,verify=1], early-jump[:verify=1], hindsight-jump (the ordinary "
+                             "arm's recorded output, run after it), steering-jump (the task's ideal calls; "
+                             "old name oracle-jump), mistaken-jump:rate=R[,base=hindsight|steering], "
+                             "compaction, combinations with '+', "
                              "package.module:Class; 'all' for the full set); ordinary is added when missing")
     parser.add_argument("--adapter", default=None, metavar="PATH|NAME",
                         help="a LoRA adapter every arm's server loads (serve --adapter)")
@@ -153,11 +157,14 @@ def machine() -> dict[str, Any]:
 
 
 def jobs(seeds: list[int], arms: list[Any]) -> list[tuple[int, Any]]:
-    """(seed, arm) in run order: per seed every arm, the arm order rotated by the seed's index."""
+    """(seed, arm) in run order: per seed every arm, the arm order rotated by the seed's
+    index; hindsight arms last, after the ordinary arm whose recording they are sent."""
+    later = [a for a in arms if getattr(a, "hindsight", False)]
+    rest = [a for a in arms if a not in later]
     out = []
     for i, seed in enumerate(seeds):
-        k = i % len(arms)
-        out += [(seed, arm) for arm in arms[k:] + arms[:k]]
+        k = i % len(rest) if rest else 0
+        out += [(seed, arm) for arm in rest[k:] + rest[:k] + later]
     return out
 
 
@@ -194,6 +201,8 @@ def _join_trace(record: Any, path: Path, wait_s: float = 5.0) -> None:
         t = traced.get("timings") or {}
         turn.timings = {k: t.get(k) for k in ("queue_s", "prefill_s", "decode_s", "total_s", "rounds", "round_ms")
                         if k in t}
+        # the raw output (the decoded runs of output tokens): the hindsight arm's recording
+        turn.output = "".join(r.get("text") or "" for r in (traced.get("response") or {}).get("runs") or [])
 
 
 class Run:
@@ -207,6 +216,19 @@ class Run:
         self.servers: dict[str, Any] = {}
         self.served: dict[str, Any] = {}  # per arm, what its server reports (/health), in the order they came up
         self.done = 0
+        self._recorded = threading.Condition(self._lock)  # notified as each record is appended
+
+    def ordinary_record(self, seed: int, timeout_s: float) -> dict[str, Any] | None:
+        """The ordinary arm's record of `seed`, waiting for it while its job runs (None
+        after `timeout_s`: the hindsight arm then runs without a recording)."""
+        from jumpahead.traces.arms import BASELINE
+
+        def find() -> dict[str, Any] | None:
+            return next((r for r in self.records if r.get("arm") == BASELINE and r.get("seed") == seed), None)
+
+        with self._recorded:
+            self._recorded.wait_for(lambda: find() is not None, timeout=timeout_s)
+            return find()
 
     def log(self, text: str) -> None:
         if not self.o.quiet:
@@ -261,8 +283,16 @@ class Run:
         work = Path(tempfile.mkdtemp(prefix=f"live-{arm.slug}-{seed}-"))
         try:
             try:
+                hindsight = None
+                if getattr(arm, "hindsight", False):
+                    from .agent import budget
+                    from .oracle import recorded_turns
+
+                    wait_s = 2 * budget(task, self.o.agent)[2] + SERVE_START_TIMEOUT_S
+                    ordinary = self.ordinary_record(seed, wait_s)
+                    hindsight = recorded_turns(ordinary) if ordinary is not None else []
                 record = run_task(client, task, work, arm.name, arm.request_field(), session, arm.oracle,
-                                  self.o.agent)
+                                  self.o.agent, hindsight)
                 _join_trace(record, trace)
             except Exception as exc:  # the task is still accounted: a failure with its reason
                 from .agent import TaskRecord
@@ -283,6 +313,7 @@ class Run:
             with (self.out / "tasks.jsonl").open("a") as fh:
                 fh.write(json.dumps(doc) + "\n")
             self.done += 1
+            self._recorded.notify_all()
             self.log(f"live: [{self.done}/{len(self.o.seeds) * len(self.o.arms)}] {arm.name} seed {seed} "
                      f"({task.kind}): {'ok' if record.success else record.status} in {record.wall_s:.1f} s, "
                      f"{len(record.turns)} turns")
@@ -351,7 +382,8 @@ class Run:
         summary["run"] = {"tasks_per_arm": len(self.o.seeds), "seeds": self.o.seeds, "kinds": self.o.kinds,
                           "adapter": self.o.adapter, "model": self.o.model, "concurrency": self.o.concurrency,
                           "arms": {a.name: {"serve_args": a.serve_args(), "request": a.request_field(),
-                                            "oracle": a.oracle} for a in self.o.arms},
+                                            "oracle": a.oracle, "hindsight": getattr(a, "hindsight", False)}
+                                   for a in self.o.arms},
                           "agent": vars(self.o.agent) if self.o.agent is not None else None,
                           "command": self.o.command or equivalent_command(self.o),
                           "command_source": "command line" if self.o.command else "run_live options",

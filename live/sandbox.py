@@ -4,12 +4,18 @@
 format, Hermes `<tool_call>` for the default model). `run_tool(workspace, name,
 arguments)` runs one call and returns the tool-result text; it never raises: a bad
 call (unknown tool, missing argument, a path outside the workspace, text not found)
-comes back as an `Error: ...` string the model reads and can recover from. With
-`snippets` a write or an edit shows what it did, as real agents' edit results do: the
-file's lines around the change, numbered as by `cat -n` (at most SNIPPET_LINES of
-them); without, it says "Wrote N lines to X." / "Edited X." (the short task kinds keep
-that: the shipped adapter was trained on it, and on the snippets it solved 28 of 60
-held-out short tasks instead of 57; live/world.py Task.snippets).
+comes back as an `Error: ...` string the model reads and can recover from.
+
+Results show what a call did, after Claude Code's tool results (Anthropic's agent; its
+session in ../shared/traces/public/claude-code/): a write or an edit answers "The file X
+has been created/updated." and the changed lines numbered as by `cat -n` (the edit with
+SNIPPET_CONTEXT lines around it, at most SNIPPET_LINES, a long change its start and end),
+so a wrong write is visible in its own result; `bash` answers with the command's output
+(stdout then stderr) and, when it fails, its status, `(exit code N)` on the last line
+(Claude Code states the code only for a failure; ground truth reads this line,
+live/ground_truth.py); a command that prints nothing says "(no output)". Every task kind
+gets these results (Task.snippets); `snippets=False` keeps the old bare "Wrote N lines to
+X." / "Edited X." only to reproduce an adapter trained on it.
 
 Confinement: file tools take paths relative to the workspace; absolute paths and paths
 that leave it (`..`, symlinks pointing out) are refused. `bash` runs with the
@@ -202,7 +208,11 @@ def _bash(ws: Path, arguments: dict[str, Any], timeout: float = BASH_TIMEOUT_S) 
                              start_new_session=True)
     except subprocess.TimeoutExpired:
         raise ToolError(f"command timed out after {timeout:g} s") from None
+    # the workspace's temporary path is noise that differs per run: the same command in two
+    # runs (two arms on one seed) must give the same result
     out = res.stdout + res.stderr
+    for root in sorted({str(ws), str(Path(ws).resolve())}, key=len, reverse=True):
+        out = out.replace(f"{root}/", "").replace(root, ".")
     if res.returncode != 0:
         out += f"\n(exit code {res.returncode})" if out else f"(exit code {res.returncode})"
     return out if out else "(no output)"

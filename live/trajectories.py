@@ -12,11 +12,19 @@ template has no reasoning slot, so a `<think>` block would be parsed out as reas
 and dropped from the history the client sends back; plain text survives the round
 trip and the model sees the same history in training and in serving.
 
-Variants: `clean` (the ideal calls), `verify` (a write read back, found right),
-and recoveries, where a tool result shows a wrong or partial action and the next turn
-repairs it: `edit_miss` (edit_file old text not found), `write_typo` / `write_truncated`
-(read back after a write shows a misspelt or missing line), `wrong_path` (the write went
-to another file), `bad_command` (the command named a missing file).
+Tool results show what a call did (live/sandbox.py: a write's or an edit's changed
+lines, a command's output and failing status), so a trajectory can check its work and
+repair what the result shows. Variants, drawn per seed (`choose_variant`): `clean` (the
+ideal calls; the rest, about 1 - VERIFY_SHARE - RECOVERY_SHARE of the trajectories
+where a check and a mistake apply), `verify` (VERIFY_SHARE: after a write or an edit the
+work is checked, found right: a Python file is run, another file read back, an appended
+line shown with `cat`), and recoveries (RECOVERY_SHARE), where a result shows a wrong or
+partial action and the next turn repairs it: `write_typo` / `write_truncated` (the
+write's own snippet shows a misspelt or missing line), `edit_typo` (the edit's snippet
+shows a misspelt new line), `append_typo` (a `cat` after an append shows a misspelt
+line: an append prints nothing), `edit_miss` (edit_file old text not found),
+`wrong_path` (the write went to another file), `bad_command` (the command named a
+missing file).
 
 Long kinds (world.LONG_KINDS) open with a numbered plan before the first call, state
 each written file's full draft in the turn that writes it (as `say` does for every
@@ -24,6 +32,10 @@ kind), and their ideal calls already read files back and run the check command a
 writing. Their own recovery, `skip_edit`: one edit of a Python file is left out, the
 check command's result shows it (a failing test, an old name grep still finds), and the
 next turns make the missed edit and run the check again.
+
+Trajectories are built from training seeds only (live/train.py `write_data`), and a
+training seed's words and numbers never occur in a held-out task (world.SHORT_VOCAB,
+world.VOCAB): what the adapter learns to write is never a held-out task's content.
 
 `write_jsonl` writes `{"messages": [...], "tools": [...]}` lines, the chat format
 mlx-lm's LoRA trainer reads (mlx_lm/tuner/datasets.py ChatDataset).
@@ -33,6 +45,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -41,27 +54,44 @@ from .sandbox import SYSTEM_PROMPT, TOOLS, run_tool, workspace
 from .world import LONG_KINDS, Task, make_task
 
 VARIANTS: tuple[str, ...] = ("clean", "verify", "edit_miss", "write_typo", "write_truncated", "wrong_path",
-                             "bad_command", "skip_edit")
-# share of each variant among the trajectories of a task kind (where it applies)
+                             "edit_typo", "append_typo", "bad_command", "skip_edit")
+# shares of the trajectories of a task (where such a variant applies): a mistake the
+# result reveals and its repair, and a check of finished work that finds it right
 RECOVERY_SHARE = 0.3
-VERIFY_SHARE = 0.1
+VERIFY_SHARE = 0.2
 
 
 def applicable(task: Task) -> list[str]:
     """The variants that make sense for `task`."""
     names = {name for name, _ in task.ideal}
     out = ["clean"]
+    if task.kind not in LONG_KINDS and ({"write_file", "edit_file"} & names or _appends(task)):
+        out.append("verify")
     if "write_file" in names:
-        out += ["verify", "write_typo", "wrong_path"]
+        out += ["write_typo", "wrong_path"]
         if any(a["content"].count("\n") >= 2 for n, a in task.ideal if n == "write_file"):
             out.append("write_truncated")
     if "edit_file" in names:
         out.append("edit_miss")
+        # (not fix_typo: a misspelt fix can be the very typo the task is about)
+        if task.kind not in (*LONG_KINDS, "fix_typo") and any(_spots(a["new"]) for n, a in task.ideal
+                                                               if n == "edit_file"):
+            out.append("edit_typo")
+    if _appends(task):
+        out.append("append_typo")
     if task.kind == "run_command":
         out.append("bad_command")
     if task.kind in LONG_KINDS and _skippable(task):
         out.append("skip_edit")
     return out
+
+
+def _appends(task: Task) -> list[int]:
+    """Indices of the ideal calls that append a line with `echo '...' >> path`."""
+    return [i for i, (n, a) in enumerate(task.ideal) if n == "bash" and _APPEND.fullmatch(a["command"])]
+
+
+_APPEND = re.compile(r"echo '([^']*)' >> (\S+)")
 
 
 def _skippable(task: Task) -> list[int]:
@@ -163,20 +193,22 @@ class _Recorder:
         self.messages.append({"role": "assistant", "content": text})
 
 
+def _spots(content: str) -> list[tuple[int, int, int]]:
+    """(line, word, letter) where swapping letter and letter+1 misspells a word."""
+    return [(i, j, k) for i, line in enumerate(content.split("\n")) for j, w in enumerate(line.split(" "))
+            if len(w) >= 4 and w.isalpha() for k in range(1, len(w) - 2) if w[k] != w[k + 1]]
+
+
 def _misspell(rng: random.Random, content: str) -> tuple[str, str, str] | None:
     """(bad content, bad line, good line): one word of one line with two letters swapped."""
     lines = content.split("\n")
-    spots = [(i, j) for i, line in enumerate(lines) for j, w in enumerate(line.split(" "))
-             if len(w) >= 4 and w.isalpha()]
+    spots = _spots(content)
     if not spots:
         return None
-    i, j = rng.choice(spots)
+    i, j, k = rng.choice(spots)
     words = lines[i].split(" ")
     w = words[j]
-    k = rng.randrange(1, len(w) - 2)
     words[j] = w[:k] + w[k + 1] + w[k] + w[k + 2:]
-    if words[j] == w:
-        return None
     bad_lines = list(lines)
     bad_lines[i] = " ".join(words)
     return "\n".join(bad_lines), bad_lines[i], lines[i]
@@ -205,10 +237,16 @@ def build(task: Task, variant: str = "clean", seed: int | None = None) -> dict[s
         answer = task.answer
         # the step where the variant's mistake happens
         targets = {"write_typo": "write_file", "write_truncated": "write_file", "wrong_path": "write_file",
-                   "verify": "write_file", "edit_miss": "edit_file", "bad_command": "bash"}
+                   "edit_miss": "edit_file", "edit_typo": "edit_file", "bad_command": "bash"}
         target = targets.get(variant)
         candidates = [i for i, (n, a) in enumerate(task.ideal) if n == target
-                      and (variant != "write_truncated" or a["content"].count("\n") >= 2)]
+                      and (variant != "write_truncated" or a["content"].count("\n") >= 2)
+                      and (variant != "edit_typo" or _spots(a["new"]))]
+        if variant == "verify":  # the last write, edit or append: the check follows the finished work
+            candidates = [i for i, (n, a) in enumerate(task.ideal) if n in ("write_file", "edit_file")][-1:] \
+                or _appends(task)[-1:]
+        if variant == "append_typo":
+            candidates = _appends(task)
         at = rng.choice(candidates) if candidates else -1
         read_paths: set[str] = set()
         if variant == "skip_edit":
@@ -251,12 +289,49 @@ def _skip_edit(rec: _Recorder, task: Task, rng: random.Random) -> None:
         rec.call(name, args, f"I run `{args['command']}` again to check.")
 
 
+def _check_work(rec: _Recorder, name: str, args: dict[str, Any]) -> None:
+    """A check of a finished write, edit or append: a Python file is run (its functions
+    called), another file read back or, after an append, shown with `cat`."""
+    if name == "bash":
+        path = _APPEND.fullmatch(args["command"]).group(2)
+        rec.call("bash", {"command": f"cat {path}"}, f"I check {path} with `cat`.")
+        return
+    path = args["path"]
+    names = re.findall(r"^def (\w+)\(", args.get("content", ""), re.M)
+    if path.endswith(".py") and "/" not in path and names:
+        calls = ", ".join(f"{n}(3)" for n in names)
+        command = f"python3 -c 'from {path[:-3]} import {', '.join(names)}; print({calls})'"
+        rec.call("bash", {"command": command}, f"I run {path} to check it: `{command}`.")
+        return
+    rec.call("read_file", {"path": path}, f"I read {path} back to check it.")
+
+
 def _variant_step(rec: _Recorder, variant: str, name: str, args: dict[str, Any], rng: random.Random,
                   read_paths: set[str]) -> None:
     path = args.get("path", "")
     if variant == "verify":
         rec.call(name, args)
-        rec.call("read_file", {"path": path}, f"I read {path} back to check it.")
+        _check_work(rec, name, args)
+        return
+    if variant == "append_typo":
+        line, path = _APPEND.fullmatch(args["command"]).groups()
+        spoiled = _misspell(rng, line)
+        if spoiled is None:
+            raise ValueError("no word to misspell")
+        bad_line = spoiled[0]
+        rec.call(name, {"command": f"echo '{bad_line}' >> {path}"}, mistake=True)
+        rec.call("bash", {"command": f"cat {path}"}, f"I check {path} with `cat`.")
+        rec.call("edit_file", {"path": path, "old": bad_line, "new": line},
+                 f"The last line of {path} is `{bad_line}`, not `{line}`. I fix it.")
+        return
+    if variant == "edit_typo":
+        spoiled = _misspell(rng, args["new"])
+        if spoiled is None:
+            raise ValueError("no word to misspell")
+        bad_new = spoiled[0]
+        rec.call(name, {**args, "new": bad_new}, mistake=True)
+        fix = {"path": path, "old": spoiled[1], "new": spoiled[2]}
+        rec.call("edit_file", fix, f"The result shows `{spoiled[1]}` where it should say `{spoiled[2]}`. I fix it.")
         return
     if variant == "write_typo":
         spoiled = _misspell(rng, args["content"])
@@ -264,17 +339,16 @@ def _variant_step(rec: _Recorder, variant: str, name: str, args: dict[str, Any],
             raise ValueError("no word to misspell")
         bad_content, bad_line, good_line = spoiled
         rec.call(name, {**args, "content": bad_content}, mistake=True)
-        rec.call("read_file", {"path": path}, f"I read {path} back to check it.")
         fix = {"path": path, "old": bad_line, "new": good_line}
-        rec.call("edit_file", fix, f"{path} has `{bad_line}` where it should say `{good_line}`. I fix it.")
+        rec.call("edit_file", fix, f"The result shows `{bad_line}` in {path} where it should say `{good_line}`. "
+                                   f"I fix it.")
         return
     if variant == "write_truncated":
         lines = args["content"].rstrip("\n").split("\n")
         cut = "".join(line + "\n" for line in lines[:-1])
         rec.call(name, {**args, "content": cut}, mistake=True)
-        rec.call("read_file", {"path": path}, f"I read {path} back to check it.")
-        rec.call(name, args, f"The line `{lines[-1]}` is missing from {path}. I write the file again.\n"
-                             f"{say(name, args)}")
+        rec.call(name, args, f"The result shows that the line `{lines[-1]}` is missing from {path}. "
+                             f"I write the file again.\n{say(name, args)}")
         return
     if variant == "wrong_path":
         stem, dot, ext = path.rpartition("/")[2].partition(".")

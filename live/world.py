@@ -3,12 +3,15 @@
 `make_task(seed, kind)` builds a deterministic task: the user's prompt, the files the
 workspace starts with (`setup`), and `check(workspace, final_answer)`, which decides
 success from the workspace alone; only `run_command` looks at the final answer, for
-the command's output. Each task also carries an ideal solution (`ideal`: the tool
+the command's output, quoted exactly (`reports_output`; "142" does not report "42").
+Every check compares text up to `normalize_text`, the one whitespace rule. Each task also carries an ideal solution (`ideal`: the tool
 calls, `answer`: a final answer) used by the tests and by the synthetic trajectories.
 
 Single-step kinds need one tool call; `copy_function` needs a read first (2 calls);
 multi-step kinds chain two calls. `split_seeds("train"|"heldout", n)` gives disjoint
-seed ranges: training data never sees a held-out task.
+seed ranges, and the content is split with them (SHORT_VOCAB): a held-out seed's words
+and numbers come from ranges no training seed draws from, so training data never sees a
+held-out task nor any of its words or operands (tests/test_live_checked_work.py).
 
 Long kinds (`LONG_KINDS`, 10-30 ideal calls over a small Python project): `add_feature`
 (add a function to one module, register it in another, add a test, note it in the
@@ -53,6 +56,13 @@ WORDS = (
 ).split()
 DIRS = ("", "", "", "docs/", "src/", "notes/")
 EXTS = (".txt", ".md", ".txt", ".cfg")
+# The short kinds' content is split like the long kinds' (VOCAB below): a held-out seed
+# draws its words and its numbers from ranges no training seed uses, so no file line,
+# value or program output of a held-out task occurs in a training trajectory.
+SHORT_VOCAB: dict[str, dict[str, tuple]] = {
+    "train": {"words": tuple(WORDS[0::2]), "nums": (2, 49), "ints": (100, 4999)},
+    "heldout": {"words": tuple(WORDS[1::2]), "nums": (50, 99), "ints": (5000, 9999)},
+}
 TYPOS = (("return", "retrun"), ("length", "lenght"), ("receive", "recieve"), ("result", "reslut"),
          ("print", "pirnt"), ("value", "valeu"), ("number", "nubmer"), ("total", "totla"),
          ("count", "conut"), ("width", "widht"), ("height", "hieght"), ("string", "strnig"))
@@ -69,12 +79,10 @@ class Task:
     answer: str = ""  # an ideal final answer
     names: tuple[str, ...] = ()  # long kinds: the identifiers drawn from the split's vocabulary
     _check: Callable[[Path, str], bool] | None = field(default=None, repr=False)
-
-    @property
-    def snippets(self) -> bool:
-        """Whether write/edit results show the changed lines (live/sandbox.py): the long
-        kinds do; the short kinds keep the result text the shipped adapter learned."""
-        return self.kind in LONG_KINDS
+    # Write/edit results show the changed lines (live/sandbox.py) for every kind, so a
+    # wrong write is visible and can be repaired (issue 40). False gives the old bare
+    # "Wrote N lines to X." text, only to reproduce runs of adapters trained on it.
+    snippets: bool = True
 
     def setup(self, workspace: Path) -> None:
         """Write the task's starting files into `workspace`."""
@@ -115,7 +123,7 @@ def make_task(seed: int, kind: str | None = None) -> Task:
         kind = KINDS[seed % len(KINDS)]
     rng = random.Random(f"jumpahead-live:{kind}:{seed}")
     if kind in _MAKERS:
-        task = _MAKERS[kind](rng)
+        task = _MAKERS[kind](rng, SHORT_VOCAB[split_of(seed)])
     elif kind in _LONG_MAKERS:
         task = _LONG_MAKERS[kind](rng, VOCAB[split_of(seed)])
     else:
@@ -132,24 +140,28 @@ def _read(ws: Path, rel: str) -> str | None:
     return path.read_text() if path.is_file() else None
 
 
+def normalize_text(text: str) -> str:
+    """What every check compares: the text without trailing spaces on its lines and
+    without trailing newlines. The one definition of "the same text" (live/ground_truth.py
+    judges calls with it too, so a check and ground truth never disagree on whitespace)."""
+    return "\n".join(line.rstrip() for line in text.rstrip("\n").split("\n"))
+
+
 def _same_text(actual: str | None, expected: str) -> bool:
-    """Equal up to trailing newlines / spaces at the end of lines."""
-    if actual is None:
-        return False
-    norm = lambda s: "\n".join(line.rstrip() for line in s.rstrip("\n").split("\n"))  # noqa: E731
-    return norm(actual) == norm(expected)
+    """Equal up to normalize_text."""
+    return actual is not None and normalize_text(actual) == normalize_text(expected)
 
 
-def _words(rng: random.Random, n: int) -> str:
-    return " ".join(rng.sample(WORDS, n))
+def _words(rng: random.Random, n: int, v: dict[str, tuple]) -> str:
+    return " ".join(rng.sample(v["words"], n))
 
 
-def _path(rng: random.Random, ext: str | None = None) -> str:
-    return f"{rng.choice(DIRS)}{rng.choice(WORDS)}{ext or rng.choice(EXTS)}"
+def _path(rng: random.Random, v: dict[str, tuple], ext: str | None = None) -> str:
+    return f"{rng.choice(DIRS)}{rng.choice(v['words'])}{ext or rng.choice(EXTS)}"
 
 
-def _lines(rng: random.Random, n: int) -> list[str]:
-    return [_words(rng, rng.randint(2, 4)) for _ in range(n)]
+def _lines(rng: random.Random, n: int, v: dict[str, tuple]) -> list[str]:
+    return [_words(rng, rng.randint(2, 4), v) for _ in range(n)]
 
 
 def _text_of(lines: list[str]) -> str:
@@ -163,8 +175,8 @@ def _function(rng: random.Random, name: str) -> str:
     return f"def {name}({arg}):\n    {body}\n"
 
 
-def _fn_name(rng: random.Random) -> str:
-    return f"{rng.choice(('get', 'make', 'scale', 'count', 'load', 'find'))}_{rng.choice(WORDS)}"
+def _fn_name(rng: random.Random, v: dict[str, tuple]) -> str:
+    return f"{rng.choice(('get', 'make', 'scale', 'count', 'load', 'find'))}_{rng.choice(v['words'])}"
 
 
 def _task(prompt: str, steps: int, files: dict[str, str], ideal: list[tuple[str, dict]], answer: str,
@@ -181,18 +193,18 @@ def _unchanged(files: dict[str, str], *skip: str) -> Callable[[Path], bool]:
 # --- kinds ------------------------------------------------------------------------------
 
 
-def _create_file(rng: random.Random) -> Task:
-    path = _path(rng)
-    content = _text_of(_lines(rng, rng.randint(1, 3)))
+def _create_file(rng: random.Random, v: dict[str, tuple]) -> Task:
+    path = _path(rng, v)
+    content = _text_of(_lines(rng, rng.randint(1, 3), v))
     prompt = f"Create the file {path} with this content:\n```\n{content}```"
     return _task(prompt, 1, {}, [("write_file", {"path": path, "content": content})],
                  f"Created {path}.", lambda ws, _a: _same_text(_read(ws, path), content))
 
 
-def _append_line(rng: random.Random) -> Task:
-    path = _path(rng, ".txt")
-    lines = _lines(rng, rng.randint(2, 4))
-    line = _words(rng, 3)
+def _append_line(rng: random.Random, v: dict[str, tuple]) -> Task:
+    path = _path(rng, v, ".txt")
+    lines = _lines(rng, rng.randint(2, 4), v)
+    line = _words(rng, 3, v)
     files = {path: _text_of(lines)}
     prompt = f"Append the line `{line}` to {path}."
     return _task(prompt, 1, files, [("bash", {"command": f"echo '{line}' >> {path}"})],
@@ -200,13 +212,13 @@ def _append_line(rng: random.Random) -> Task:
                  lambda ws, _a: _same_text(_read(ws, path), _text_of([*lines, line])))
 
 
-def _replace_line(rng: random.Random) -> Task:
+def _replace_line(rng: random.Random, v: dict[str, tuple]) -> Task:
     path = rng.choice(("config.txt", "settings.cfg", "app.cfg", "setup.txt"))
     keys = rng.sample(("mode", "color", "level", "name", "theme", "size", "user", "style"), 4)
-    lines = [f"{k} = {rng.choice(WORDS)}" for k in keys]
+    lines = [f"{k} = {rng.choice(v['words'])}" for k in keys]
     i = rng.randrange(len(lines))
     old = lines[i]
-    new = f"{keys[i]} = {rng.choice([w for w in WORDS if w not in old])}"
+    new = f"{keys[i]} = {rng.choice([w for w in v['words'] if w not in old])}"
     files = {path: _text_of(lines)}
     expected = _text_of([new if j == i else line for j, line in enumerate(lines)])
     prompt = f"In {path}, replace the line `{old}` with `{new}`."
@@ -215,10 +227,10 @@ def _replace_line(rng: random.Random) -> Task:
                  lambda ws, _a: _same_text(_read(ws, path), expected))
 
 
-def _fix_typo(rng: random.Random) -> Task:
+def _fix_typo(rng: random.Random, v: dict[str, tuple]) -> Task:
     good, bad = rng.choice(TYPOS)
     path = rng.choice(("notes.txt", "readme.md", "todo.txt", "guide.md"))
-    lines = _lines(rng, rng.randint(2, 4))
+    lines = _lines(rng, rng.randint(2, 4), v)
     i = rng.randrange(len(lines))
     words = lines[i].split()
     words.insert(rng.randint(0, len(words)), bad)
@@ -233,12 +245,12 @@ def _fix_typo(rng: random.Random) -> Task:
                  lambda ws, _a: _same_text(_read(ws, path), _text_of(fixed)))
 
 
-def _copy_function(rng: random.Random) -> Task:
+def _copy_function(rng: random.Random, v: dict[str, tuple]) -> Task:
     src = rng.choice(("utils.py", "helpers.py", "lib.py", "tools.py"))
     dst = rng.choice([p for p in ("main.py", "extra.py", "copy.py", "app.py") if p != src])
     names: list[str] = []
     while len(names) < 3:
-        name = _fn_name(rng)
+        name = _fn_name(rng, v)
         if name not in names:
             names.append(name)
     functions = [_function(rng, n) for n in names]
@@ -255,20 +267,19 @@ def _copy_function(rng: random.Random) -> Task:
 def _contains_block(text: str | None, block: str) -> bool:
     if text is None:
         return False
-    norm = lambda s: "\n".join(line.rstrip() for line in s.strip("\n").split("\n"))  # noqa: E731
-    return norm(block) in norm(text)
+    return normalize_text(block.lstrip("\n")) in normalize_text(text.lstrip("\n"))
 
 
-def _run_command(rng: random.Random) -> Task:
+def _run_command(rng: random.Random, v: dict[str, tuple]) -> Task:
     path = rng.choice(("calc.py", "count.py", "show.py", "main.py"))
-    nums = [rng.randint(2, 99) for _ in range(rng.randint(2, 4))]
+    nums = [rng.randint(*v["nums"]) for _ in range(rng.randint(2, 4))]
     form = rng.randrange(3)
     if form == 0:
         code, output = f"print(sum({nums}))\n", str(sum(nums))
     elif form == 1:
         code, output = f"print({nums[0]} * {nums[1]})\n", str(nums[0] * nums[1])
     else:
-        word = rng.choice(WORDS)
+        word = rng.choice(v["words"])
         code, output = f"print({word!r}.upper() + '-' + str({nums[0]} + {nums[-1]}))\n", \
             f"{word.upper()}-{nums[0] + nums[-1]}"
     files = {path: code}
@@ -276,20 +287,34 @@ def _run_command(rng: random.Random) -> Task:
     prompt = f"Run `{command}` and tell me what it prints."
     unchanged = _unchanged(files)
     return _task(prompt, 1, files, [("bash", {"command": command})], f"It prints:\n```\n{output}\n```",
-                 lambda ws, answer: unchanged(ws) and output in answer)
+                 lambda ws, answer: unchanged(ws) and reports_output(answer, output))
 
 
-def _read_then_edit(rng: random.Random) -> Task:
+_FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.S)
+_SPAN = re.compile(r"`([^`\n]+)`")
+
+
+def reports_output(answer: str, output: str) -> bool:
+    """Whether the answer quotes exactly `output` (up to normalize_text): in its fenced
+    blocks where it has any, else in its inline code spans, else as a line of its own.
+    Never a substring: "142" does not report "42", nor does a block "42\n43". An answer
+    that does not set the output apart has not said what it is."""
+    want = normalize_text(output)
+    quoted = _FENCE.findall(answer) or _SPAN.findall(answer) or answer.split("\n")
+    return any(normalize_text(q.strip("\n")) == want or normalize_text(q).strip() == want for q in quoted)
+
+
+def _read_then_edit(rng: random.Random, v: dict[str, tuple]) -> Task:
     path = rng.choice(("settings.ini", "server.cfg", "app.ini", "env.cfg"))
     keys = rng.sample(("port", "host", "timeout", "retries", "workers", "cache", "debug", "region"), 4)
     sep = rng.choice((" = ", "=", ": "))
-    values = {k: (str(rng.randint(10, 9999)) if k in ("port", "timeout", "retries", "workers") else rng.choice(WORDS))
-              for k in keys}
+    values = {k: (str(rng.randint(*v["ints"])) if k in ("port", "timeout", "retries", "workers")
+                  else rng.choice(v["words"])) for k in keys}
     lines = [f"{k}{sep}{values[k]}" for k in keys]
     i = rng.randrange(len(lines))
     key = keys[i]
     while True:
-        value = str(rng.randint(10, 9999)) if values[key].isdigit() else rng.choice(WORDS)
+        value = str(rng.randint(*v["ints"])) if values[key].isdigit() else rng.choice(v["words"])
         if value != values[key]:
             break
     files = {path: _text_of(lines)}
@@ -301,12 +326,12 @@ def _read_then_edit(rng: random.Random) -> Task:
                  f"Set {key} to {value} in {path}.", lambda ws, _a: _same_text(_read(ws, path), expected))
 
 
-def _create_two_files(rng: random.Random) -> Task:
-    first = _path(rng, ".txt")
+def _create_two_files(rng: random.Random, v: dict[str, tuple]) -> Task:
+    first = _path(rng, v, ".txt")
     second = first
     while second == first:
-        second = _path(rng, ".txt")
-    a, b = _words(rng, rng.randint(2, 4)), _words(rng, rng.randint(2, 4))
+        second = _path(rng, v, ".txt")
+    a, b = _words(rng, rng.randint(2, 4), v), _words(rng, rng.randint(2, 4), v)
     prompt = f"Create two files: {first} containing `{a}` and {second} containing `{b}`."
     return _task(prompt, 2, {},
                  [("write_file", {"path": first, "content": a + "\n"}),
@@ -315,7 +340,7 @@ def _create_two_files(rng: random.Random) -> Task:
                  lambda ws, _a: _same_text(_read(ws, first), a) and _same_text(_read(ws, second), b))
 
 
-_MAKERS: dict[str, Callable[[random.Random], Task]] = {
+_MAKERS: dict[str, Callable[[random.Random, dict[str, tuple]], Task]] = {
     "create_file": _create_file,
     "append_line": _append_line,
     "replace_line": _replace_line,

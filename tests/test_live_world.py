@@ -112,7 +112,11 @@ def test_bash_runs_in_the_workspace_without_secrets(monkeypatch):
     with workspace() as ws:
         (ws / "f.txt").write_text("hi\n")
         assert run_tool(ws, "bash", {"command": "cat f.txt"}) == "hi\n"
-        assert run_tool(ws, "bash", {"command": "pwd"}).strip() == str(ws)
+        # it runs in the workspace, whose temporary path the result writes as "." (the same
+        # command gives the same result in every run)
+        assert run_tool(ws, "bash", {"command": "pwd"}).strip() == "."
+        assert run_tool(ws, "bash", {"command": "cat nope.txt"}) == \
+            "cat: nope.txt: No such file or directory\n\n(exit code 1)"
         env = run_tool(ws, "bash", {"command": "env"})
         assert "sk-should-not-leak" not in env and "OPENAI_API_KEY" not in env
 
