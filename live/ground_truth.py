@@ -14,9 +14,14 @@ compared with what it was before the call:
   (an error result, or a bash command that exited non-zero);
 - `harmless`: it changed nothing and did not fail (a read, a listing).
 
+Contents are compared as the task checks compare them (live/world.py `normalize_text`:
+trailing spaces and trailing newlines do not count), so ground truth and the task's
+check agree on what "the same text" is.
+
 A task with a wrong call is `recovered` when a later call puts every file the wrong
 call touched back to its expected content, and `unnoticed` when no later call touches
-them at all.
+them at all. (The summary calls this outcome "repaired": a recovered task there is one
+whose arm made a wrong supplied call and still succeeded, live/summary.py.)
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .sandbox import run_tool, workspace
-from .world import Task
+from .world import Task, normalize_text
 
 MAX_SNAPSHOT_FILES = 512  # the task world's workspaces hold a handful of small files
 _EXIT = re.compile(r"\(exit code (-?\d+)\)\s*$")
@@ -92,13 +97,28 @@ def changed_paths(before: dict[str, bytes], after: dict[str, bytes]) -> list[str
     return sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
 
 
+def same_content(actual: bytes | None, expected: bytes | None) -> bool:
+    """Whether a file's content is the expected one, by the task checks' rule (one
+    function, world.normalize_text); bytes that are not text compare exactly."""
+    if actual is None or expected is None:
+        return actual is expected
+    try:
+        return normalize_text(actual.decode()) == normalize_text(expected.decode())
+    except UnicodeDecodeError:
+        return actual == expected
+
+
+def _on_the_way(actual: bytes | None, expected: bytes | None, along: set[bytes]) -> bool:
+    return same_content(actual, expected) or any(same_content(actual, state) for state in along)
+
+
 def label_call(before: dict[str, bytes], after: dict[str, bytes], expected: dict[str, bytes],
                result: str) -> dict[str, Any]:
     """The call's `truth` (right | wrong | harmless), the paths it `changed`, and those of
     them neither at their expected content nor on the way to it after it (`bad_after`)."""
     changed = changed_paths(before, after)
     along = getattr(expected, "along", {})
-    bad = [p for p in changed if after.get(p) != expected.get(p) and after.get(p) not in along.get(p, ())]
+    bad = [p for p in changed if not _on_the_way(after.get(p), expected.get(p), along.get(p, set()))]
     truth = "wrong" if failed(result) or bad else ("right" if changed else "harmless")
     return {"truth": truth, "changed": changed, "bad_after": bad}
 

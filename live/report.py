@@ -1,6 +1,7 @@
 """A self-contained HTML page of a live run (plotly.js inlined once, no network needed):
-the per-arm table, success with its CI, task wall time (all tasks and successes),
-D/P/H/R stacked per arm, net saving per task with its paired CI, and recovery."""
+the per-arm table, success with its CI, task wall time (every task: per-arm figures over
+successes only compare different task sets), D/P/H/R stacked per arm, the saving per
+task with its paired CI, and the wrong-jump rate against its break-even."""
 
 from __future__ import annotations
 
@@ -23,23 +24,33 @@ def _ci(d: dict[str, Any]) -> str:
     return f"{d['mean']:.3f} [{d['lo']:.3f}, {d['hi']:.3f}]"
 
 
+def _point(v: Any, bounds: list[float] | None) -> str:
+    """A value with its interval where it has one."""
+    if v is None:
+        return ""
+    return _fmt(v) + (f" [{bounds[0]:.3f}, {bounds[1]:.3f}]" if bounds else "")
+
+
 def table(summary: dict[str, Any]) -> str:
-    head = ("<tr><th>arm</th><th>tasks</th><th>success</th><th>95% CI</th><th>wall s median (all)</th>"
-            "<th>wall s median (successes)</th><th>D s</th><th>P s</th><th>H s</th><th>R s</th><th>net s</th>"
-            "<th>net s / task [95% CI]</th><th>time to success saved / task [CI]</th><th>wall s saved / task [CI]</th>"
-            "<th>jumps</th><th>wrong</th><th>recovered / unrecovered tasks</th><th>recovery freq.</th><th>cost / recovery s</th><th>break-even freq.</th></tr>")
+    head = ("<tr><th>arm</th><th>tasks</th><th>success</th><th>95% CI</th><th>wall s median (every task)</th>"
+            "<th>D s</th><th>P s</th><th>H s</th><th>R s</th><th>net s</th><th>D-P-H s / task [95% CI]</th>"
+            "<th>net s / task [95% CI]</th><th>time to success saved / task [CI]</th>"
+            "<th>jumps</th><th>wrong</th><th>recovered / unrecovered tasks</th><th>wrong-jump rate [95% CI]</th>"
+            "<th>cost / recovery s [95% CI]</th><th>break-even rate [95% CI]</th></tr>")
     rows = []
     for arm, s in summary.get("per_arm", {}).items():
         t, rec = s.get("totals", {}), s.get("recovery", {})
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in (
             html.escape(arm), s.get("tasks"), _fmt(s.get("success_rate")),
             f"[{s['success_ci95'][0]:.3f}, {s['success_ci95'][1]:.3f}]",
-            _fmt(s.get("wall_s_all", {}).get("median"), 2), _fmt(s.get("wall_s_success", {}).get("median"), 2),
+            _fmt(s.get("wall_s_all", {}).get("median"), 2),
             _fmt(t.get("D_s")), _fmt(t.get("P_s")), _fmt(t.get("H_s")), _fmt(t.get("R_s")), _fmt(t.get("net_s")),
-            _ci(s.get("net_s_per_task", {})), _ci(s.get("tts_s_saved_per_task", {})),
-            _ci(s.get("wall_s_saved_per_task", {})), rec.get("jump_interventions"), rec.get("wrong"),
-            f"{rec.get('recovered_tasks', 0)} / {rec.get('unrecovered_tasks', 0)}", _fmt(rec.get("frequency")), _fmt(rec.get("cost_per_recovery_s")),
-            _fmt(rec.get("breakeven_frequency")))) + "</tr>")
+            _ci(s.get("gain_s_per_task", {})), _ci(s.get("net_s_per_task", {})), _ci(s.get("tts_s_saved_per_task", {})),
+            rec.get("jump_interventions"), rec.get("wrong"),
+            f"{rec.get('recovered_tasks', 0)} / {rec.get('unrecovered_tasks', 0)}",
+            _point(rec.get("wrong_rate", rec.get("frequency")), rec.get("wrong_rate_ci95")),
+            _point(rec.get("cost_per_recovery_s"), rec.get("cost_per_recovery_ci95")),
+            _point(rec.get("breakeven_frequency"), rec.get("breakeven_ci95")))) + "</tr>")
     return f"<table>{head}{''.join(rows)}</table>"
 
 
@@ -49,22 +60,27 @@ def markdown_table(summary: dict[str, Any]) -> str:
     def ci(d: dict[str, Any]) -> str:
         return "" if not d or d.get("mean") is None else f"{d['mean']:.2f} ({d['lo']:.2f} to {d['hi']:.2f})"
 
-    lines = ["| arm | solved (95% CI) | wall s median, all / solved | time to success saved per task (CI) | D s | P s | H s "
-             "| R s (per task, CI) | net D-P-H-R per task (CI) | jumps (wrong) | recovered / unrecovered | cost per recovery s "
-             "| break-even frequency |", "|" + "---|" * 13]
+    lines = ["| arm | solved (95% CI) | wall s median, every task | time to success saved per task (CI) | D s | P s "
+             "| H s | D-P-H per task (CI) | R s (per task, CI) | net D-P-H-R per task (CI) | jumps (wrong) "
+             "| recovered / unrecovered | wrong-jump rate (CI) | cost per recovery s (CI) | break-even rate (CI) |",
+             "|" + "---|" * 15]
     for arm, a in summary.get("per_arm", {}).items():
         t, rec = a.get("totals", {}), a.get("recovery", {})
         jumps = rec.get("jump_interventions") or 0
+
+        def bounds(v: Any, pair: list[float] | None, nd: int = 3) -> str:
+            return "" if v is None else f"{v:.{nd}f}" + (f" ({pair[0]:.{nd}f} to {pair[1]:.{nd}f})" if pair else "")
+
         lines.append("| " + " | ".join([
             arm, f"{a['successes']}/{a['tasks']} ({a['success_ci95'][0]:.2f} to {a['success_ci95'][1]:.2f})",
-            f"{_fmt(a['wall_s_all'].get('median'), 2)} / {_fmt(a['wall_s_success'].get('median'), 2)}",
-            ci(a.get("tts_s_saved_per_task", {})),
-            *(_fmt(t.get(k), 1) for k in ("D_s", "P_s", "H_s")),
+            _fmt(a['wall_s_all'].get('median'), 2), ci(a.get("tts_s_saved_per_task", {})),
+            *(_fmt(t.get(k), 1) for k in ("D_s", "P_s", "H_s")), ci(a.get("gain_s_per_task", {})),
             f"{_fmt(t.get('R_s'), 1)} ({ci(a.get('R_s_per_task', {}))})", ci(a.get("net_s_per_task", {})),
             f"{jumps} ({rec.get('wrong', 0)})" if jumps else "",
             f"{rec.get('recovered_tasks', 0)} / {rec.get('unrecovered_tasks', 0)}" if rec.get("wrong") else "",
-            _fmt(rec.get("cost_per_recovery_s"), 2) if rec.get("wrong") else "",
-            _fmt(rec.get("breakeven_frequency")) if jumps else ""]) + " |")
+            bounds(rec.get("wrong_rate", rec.get("frequency")), rec.get("wrong_rate_ci95")) if jumps else "",
+            bounds(rec.get("cost_per_recovery_s"), rec.get("cost_per_recovery_ci95"), 2) if rec.get("wrong") else "",
+            bounds(rec.get("breakeven_frequency"), rec.get("breakeven_ci95")) if jumps else ""]) + " |")
     return "\n".join(lines) + "\n" + group_table(summary)
 
 
@@ -119,11 +135,9 @@ def figures(summary: dict[str, Any], records: list[dict[str, Any]]) -> list[Any]
                 .update_layout(title="Success rate (Wilson 95% CI)", yaxis_tickformat=".0%"))
     fig = go.Figure()
     for a in arms:
-        fig.add_trace(go.Box(y=[r["wall_s"] for r in records if r["arm"] == a], name=f"{a} (all)", boxpoints="all"))
-        fig.add_trace(go.Box(y=[r["wall_s"] for r in records if r["arm"] == a and r["success"]],
-                             name=f"{a} (successes)", boxpoints="all"))
-    figs.append(fig.update_layout(title="Task wall time: every task (failures and timeouts included) "
-                                        "and successes only", yaxis_title="seconds", showlegend=False))
+        fig.add_trace(go.Box(y=[r["wall_s"] for r in records if r["arm"] == a], name=a, boxpoints="all"))
+    figs.append(fig.update_layout(title="Task wall time: every task (failures and timeouts included)",
+                                  yaxis_title="seconds", showlegend=False))
     fig = go.Figure()
     for key, sign, name in (("D_s", 1, "D (decode avoided)"), ("P_s", -1, "-P (carrying supplied tokens)"),
                             ("H_s", -1, "-H (proposing, hooks)"), ("R_s", -1, "-R (recovery)")):
@@ -132,8 +146,8 @@ def figures(summary: dict[str, Any], records: list[dict[str, Any]]) -> list[Any]
                              marker={"size": 12, "color": "black"}, name="net D - P - H - R"))
     figs.append(fig.update_layout(barmode="relative", title="D / P / H / R totals per arm (seconds)"))
     fig = go.Figure()
-    for label, key in (("net D-P-H-R", "net_s_per_task"), ("time to success saved (measured)", "tts_s_saved_per_task"),
-                       ("wall time saved (measured)", "wall_s_saved_per_task")):
+    for label, key in (("D-P-H", "gain_s_per_task"), ("net D-P-H-R", "net_s_per_task"),
+                       ("time to success saved (measured)", "tts_s_saved_per_task")):
         ds = [per[a].get(key, {}) for a in arms]
         ys = [d.get("mean") or 0.0 for d in ds]
         fig.add_trace(go.Bar(x=arms, y=ys, name=label, error_y={
@@ -144,9 +158,10 @@ def figures(summary: dict[str, Any], records: list[dict[str, Any]]) -> list[Any]
                                   yaxis_title="seconds"))
     rec = [per[a].get("recovery", {}) for a in arms]
     figs.append(go.Figure([
-        go.Bar(x=arms, y=[r.get("frequency") or 0.0 for r in rec], name="recovery frequency (wrong / jumps)"),
-        go.Bar(x=arms, y=[r.get("breakeven_frequency") or 0.0 for r in rec], name="break-even frequency"),
-    ]).update_layout(barmode="group", title="Recovery frequency and its break-even", yaxis_tickformat=".0%"))
+        go.Bar(x=arms, y=[r.get("wrong_rate", r.get("frequency")) or 0.0 for r in rec],
+               name="wrong-jump rate (wrong / jumps)"),
+        go.Bar(x=arms, y=[r.get("breakeven_frequency") or 0.0 for r in rec], name="break-even wrong-jump rate"),
+    ]).update_layout(barmode="group", title="Wrong-jump rate and its break-even", yaxis_tickformat=".0%"))
     return figs
 
 

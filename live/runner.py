@@ -11,8 +11,10 @@ the server's trace of that task's session (one trace file per task) onto the age
 turns (prefill/decode seconds, rounds), appends the record to `tasks.jsonl`, and at the
 end writes `summary.json` (live/summary.py) and `report.html` (live/report.py). The
 summary's `run` records the command line (for a run started through `run_live`, the
-equivalent command), the model the servers report and the machine: the research
-write-up (`jumpahead write-up`, live/writeup.py) states them with every table and figure.
+equivalent command), the model the servers report, the machine (CPU model, cores,
+platform) and the git commit of the code (null without git): the research write-up
+(`jumpahead write-up`, live/writeup.py) states them with every table and figure, and
+rebuilds the summary from tasks.jsonl, the raw records kept with the run.
 """
 
 from __future__ import annotations
@@ -146,14 +148,67 @@ def equivalent_command(o: LiveOptions) -> str:
     return text if consecutive else f"{text}  # seeds {', '.join(map(str, o.seeds))}"
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name (/proc/cpuinfo, else what platform says; None if neither)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                return line.split(":", 1)[1].strip() or None
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def machine() -> dict[str, Any]:
     """The machine the run ran on (the write-up states it under the limits)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count()
-    return {"cpus": cpus, "platform": platform.platform(), "arch": platform.machine(),
+    return {"cpu_model": cpu_model(), "cpus": cpus, "cores_total": os.cpu_count(), "platform": platform.platform(),
+            "arch": platform.machine(), "python": platform.python_version(),
             "env": {k: os.environ[k] for k in ENV_RECORDED if k in os.environ}}
+
+
+def git_commit(where: Path | None = None) -> dict[str, Any]:
+    """The commit of the code that ran (`git rev-parse HEAD` in the package's folder;
+    null where that fails: an installed copy, no git) and whether tracked files differed
+    from it (null where unknown): a run is recomputable from its records and this."""
+    import subprocess
+
+    cwd = str(where or Path(__file__).resolve().parent)
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0 or not head.stdout.strip():
+            return {"commit": None, "dirty": None}
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                                capture_output=True, text=True, timeout=30)
+        dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
+        return {"commit": head.stdout.strip(), "dirty": dirty}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def write_outputs(out: Path, records: list[dict[str, Any]], arms: list[str], run_info: dict[str, Any],
+                  log: Any = None) -> dict[str, Any]:
+    """The run's files from its records: tasks.jsonl (every record, in job order: the raw
+    records the summary is rebuilt from), summary.json (live/run_records.py summary_of:
+    the same function `jumpahead write-up` rebuilds it with), table.md and report.html."""
+    from .run_records import TASKS, records_text, summary_of
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / TASKS).write_text(records_text(records))
+    summary = summary_of(records, arms, run_info)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    try:
+        from .report import markdown_table, write_report
+
+        (out / "table.md").write_text(markdown_table(summary))
+        write_report(summary, records, out / "report.html")
+    except Exception as exc:  # the numbers are written; a plot problem must not lose them
+        if log is not None:
+            log(f"live: report failed: {type(exc).__name__}: {exc}")
+    return summary
 
 
 def jobs(seeds: list[int], arms: list[Any]) -> list[tuple[int, Any]]:
@@ -335,8 +390,6 @@ class Run:
             return 0.0
 
     def run(self) -> dict[str, Any]:
-        from .summary import summarize
-
         self.out.mkdir(parents=True, exist_ok=True)
         done: set[tuple[str, int]] = set()
         path = self.out / "tasks.jsonl"
@@ -378,34 +431,27 @@ class Run:
             self.stop_servers()
         arm_names = [a.name for a in self.o.arms]
         self.records.sort(key=lambda r: r["job"])
-        summary = summarize(self.records, arm_names)
-        summary["run"] = {"tasks_per_arm": len(self.o.seeds), "seeds": self.o.seeds, "kinds": self.o.kinds,
-                          "adapter": self.o.adapter, "model": self.o.model, "concurrency": self.o.concurrency,
-                          "arms": {a.name: {"serve_args": a.serve_args(), "request": a.request_field(),
-                                            "oracle": a.oracle, "hindsight": getattr(a, "hindsight", False)}
-                                   for a in self.o.arms},
-                          "agent": vars(self.o.agent) if self.o.agent is not None else None,
-                          "command": self.o.command or equivalent_command(self.o),
-                          "command_source": "command line" if self.o.command else "run_live options",
-                          "served": next((s for s in self.served.values() if s), None)
-                                    or self._earlier_run().get("served"),
-                          # each arm's server (/health): the drafter it loaded, for --record-drafter
-                          "served_by_arm": {a.name: self.served.get(a.name) or
-                                            (self._earlier_run().get("served_by_arm") or {}).get(a.name)
-                                            for a in self.o.arms},
-                          "machine": machine(),
-                          "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-                          # every pass's wall time: a --resume pass adds to the earlier ones
-                          "wall_s": round(earlier_s + time.perf_counter() - started, 3)}
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
-        try:
-            from .report import markdown_table, write_report
-
-            (self.out / "table.md").write_text(markdown_table(summary))
-
-            write_report(summary, self.records, self.out / "report.html")
-        except Exception as exc:  # the numbers are written; a plot problem must not lose them
-            self.log(f"live: report failed: {type(exc).__name__}: {exc}")
+        run_info = {"tasks_per_arm": len(self.o.seeds), "seeds": self.o.seeds, "kinds": self.o.kinds,
+                    "adapter": self.o.adapter, "model": self.o.model, "concurrency": self.o.concurrency,
+                    "arms": {a.name: {"serve_args": a.serve_args(), "request": a.request_field(),
+                                      "oracle": a.oracle, "hindsight": getattr(a, "hindsight", False)}
+                             for a in self.o.arms},
+                    "agent": vars(self.o.agent) if self.o.agent is not None else None,
+                    "command": self.o.command or equivalent_command(self.o),
+                    "command_source": "command line" if self.o.command else "run_live options",
+                    "served": next((s for s in self.served.values() if s), None)
+                              or self._earlier_run().get("served"),
+                    # each arm's server (/health): the drafter it loaded, for --record-drafter
+                    "served_by_arm": {a.name: self.served.get(a.name) or
+                                      (self._earlier_run().get("served_by_arm") or {}).get(a.name)
+                                      for a in self.o.arms},
+                    "machine": machine(),
+                    **git_commit(),
+                    "records": "tasks.jsonl",
+                    "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+                    # every pass's wall time: a --resume pass adds to the earlier ones
+                    "wall_s": round(earlier_s + time.perf_counter() - started, 3)}
+        summary = write_outputs(self.out, self.records, arm_names, run_info, self.log)
         return summary
 
 

@@ -27,54 +27,40 @@ interventions with the same code); here they are read off a live turn's telemetr
   R is the measured saving, and R carries what the interventions cost that D, P, H do
   not see (wrong jumps, detected or not, and noise; its bootstrap CI says how much).
 
-A jump is wrong when its label says it was perturbed (`mistaken ...`) or a call of its
-turn is wrong by the ground truth (live/ground_truth.py: the call's effect on the
-workspace against the ideal solution's, so silent wrong writes count); wrong jumps no
-longer decide who pays R. Recovery frequency =
-wrong / jump interventions; cost per recovery = R of the tasks with a wrong jump /
-wrong; the break-even recovery frequency is the wrong share at which that cost would
-cancel D - P - H: (D - P - H) / (jump interventions x cost per recovery).
+A jump is wrong when its label says it was perturbed (`mistaken ...`) or the call it
+supplied is wrong by the ground truth (live/ground_truth.py: the call's effect on the
+workspace against the ideal solution's, so silent wrong writes count). Blame is per
+call: the jump's call is the turn's call number `calls_done` (the intervention record's
+count of calls completed before it), or the turn's only call; a jump in a turn of
+several calls without that index is `unattributed` (counted, not blamed unless its
+label says perturbed). D counts only correct supplied tokens (traces/accounting.py
+`correct_tokens`): a wrong unverified jump's tokens count nothing.
+
+Recovered has one meaning: a task in which the arm made a wrong supplied call and still
+succeeded (unrecovered: it failed). Ground truth's file-level outcome of a wrong call
+(the record's `truth_outcome`) is called repaired / not repaired / unnoticed here.
+Wrong-jump rate = wrong / jump interventions (Wilson interval); cost per recovery = R
+of the tasks with a wrong jump / their wrong jumps; the break-even wrong-jump rate is
+the one at which that cost would cancel D - P - H: (D - P - H) / (jump interventions x
+cost per recovery); both with bootstrap intervals over tasks. Every pair of arms is
+compared on the same seeds (live/comparisons.py).
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import Counter, defaultdict
 from typing import Any
 
 import numpy as np
 
-from jumpahead.traces.accounting import RETRIES, price, recovery_s, time_to_success
+from jumpahead.traces.accounting import RETRIES, correct_tokens, price, recovery_s, time_to_success
+from .comparisons import compare_arms
 from .ground_truth import LOOP_REPEATS, longest_repeat
+from .intervals import BOOTSTRAP, bootstrap_mean, bootstrap_stat, wilson
 
 BASELINE = "ordinary"
 NOT_ARM_POLICIES = ("fit",)  # run by every arm of the default model
-BOOTSTRAP = 2000
-
-
-def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """Wilson score 95% interval of a proportion ((0, 1) for n = 0)."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    lo, hi = max(0.0, centre - half), min(1.0, centre + half)
-    return (0.0 if successes == 0 else lo), (1.0 if successes == n else hi)
-
-
-def bootstrap_mean(values: list[float], seed: int = 0, n: int = BOOTSTRAP) -> dict[str, Any]:
-    """Mean with a percentile bootstrap 95% CI (values are per-seed paired differences)."""
-    if not values:
-        return {"mean": None, "lo": None, "hi": None, "n": 0}
-    arr = np.asarray(values, dtype=float)
-    rng = np.random.default_rng(seed)
-    means = arr[rng.integers(0, len(arr), size=(n, len(arr)))].mean(axis=1)
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return {"mean": round(float(arr.mean()), 6), "lo": round(float(lo), 6), "hi": round(float(hi), 6),
-            "n": len(values)}
 
 
 def distribution(values: list[float]) -> dict[str, Any]:
@@ -144,24 +130,55 @@ def interventions(turn: dict[str, Any]) -> list[dict[str, Any]]:
         if isinstance(items, list) else []
 
 
-def wrong(item: dict[str, Any], turn: dict[str, Any]) -> bool:
-    """A jump is wrong when its policy perturbed it, or when a call of its turn is
-    wrong by the ground truth (live/ground_truth.py: its effect on the workspace, a
-    silent wrong write included); records without ground truth fall back to the
-    call's error result."""
+def jump_call(item: dict[str, Any], turn: dict[str, Any]) -> dict[str, Any] | None:
+    """The call a jump supplied: the turn's call number `calls_done` (calls completed in
+    the turn before the jump's boundary: the one it continued or, for an earlier action,
+    the next), or the turn's only call; None where the turn has several calls and the
+    record no index, or the supplied call never completed."""
+    calls = turn.get("calls") or []
+    index = item.get("calls_done", item.get("call"))
+    if isinstance(index, int) and not isinstance(index, bool):
+        return calls[index] if 0 <= index < len(calls) else None
+    return calls[0] if len(calls) == 1 else None
+
+
+def _perturbed(item: dict[str, Any]) -> bool:
     label = str(item.get("label") or "")
-    if label.startswith("mistaken ") and not label.startswith("mistaken none"):
+    return label.startswith("mistaken ") and not label.startswith("mistaken none")
+
+
+def wrong(item: dict[str, Any], turn: dict[str, Any]) -> bool | None:
+    """Whether a jump was wrong: its policy perturbed it, or the call it supplied is wrong
+    by the ground truth (live/ground_truth.py: its effect on the workspace, a silent wrong
+    write included; records without ground truth: the call's error result). Per call,
+    never per turn: another call of the turn does not blame it. None: not attributable
+    to a call (see jump_call)."""
+    if _perturbed(item):
         return True
-    calls = turn.get("calls", [])
-    if any("truth" in c for c in calls):
-        return any(c.get("truth") == "wrong" for c in calls)
-    return any(c.get("error") for c in calls)
+    call = jump_call(item, turn)
+    if call is None:
+        return None
+    if "truth" in call:
+        return call.get("truth") == "wrong"
+    return bool(call.get("error"))
+
+
+def wrong_tokens(turn: dict[str, Any]) -> int:
+    """Supplied tokens of the turn's wrong unverified jumps (a verified jump's tokens are
+    the model's own where accepted, so correct): no decode avoided (accounting.correct_tokens)."""
+    total = 0
+    for item in interventions(turn):
+        if not item.get("verified") and wrong(item, turn):
+            supplied = int(item.get("emitted", item.get("tokens")) or 0)
+            total += supplied - correct_tokens(supplied, 0)
+    return total
 
 
 def turn_account(turn: dict[str, Any], plain_s: float | None) -> dict[str, float]:
     fill = turn.get("fill") or {}
     tokens = fill.get("tokens") or {}
     supplied = sum(int(n) for k, n in tokens.items() if k != "sampled")
+    good = max(0, supplied - wrong_tokens(turn))  # D: correct supplied tokens only
     propose_s = float(fill.get("propose_ms") or 0.0) / 1000
     hooks = 0.0
     for name, rep in ((fill.get("policies") or {}).get("by_policy") or {}).items():
@@ -174,10 +191,10 @@ def turn_account(turn: dict[str, Any], plain_s: float | None) -> dict[str, float
     # the trace has no per-round proposer time: each round gets an equal share, and the
     # rest of the proposer time (rounds that carried nothing) counts in H
     share = propose_s / len(rounds) if rounds else 0.0
-    cost = price(supplied, carried, [share] * len(carried), plain_s,
+    cost = price(good, carried, [share] * len(carried), plain_s,
                  other_s=propose_s - share * len(carried) + hooks / 1000)
-    return {"supplied": supplied, "D_s": cost.D_s, "P_s": cost.P_s, "H_s": cost.H_s,
-            "model_s": turn_model_s(turn), "plain_units": supplied + len(carried) if plain_s else 0}
+    return {"supplied": supplied, "correct": good, "D_s": cost.D_s, "P_s": cost.P_s, "H_s": cost.H_s,
+            "model_s": turn_model_s(turn), "plain_units": good + len(carried) if plain_s else 0}
 
 
 def records_model_s(rec: dict[str, Any] | None) -> float | None:
@@ -187,16 +204,19 @@ def records_model_s(rec: dict[str, Any] | None) -> float | None:
 def task_account(rec: dict[str, Any], base: dict[str, Any] | None, plain_s: float | None) -> dict[str, Any]:
     """D, P, H, time to success, R and the interventions of one task; `base`: the
     ordinary arm's record on the same seed (the pair R is measured against)."""
-    out: dict[str, Any] = {"seed": rec["seed"], "supplied": 0, "D_s": 0.0, "P_s": 0.0, "H_s": 0.0, "model_s": 0.0,
-                           "plain_units": 0, "jumps": 0, "wrong": 0, "first_wrong_turn": None}
+    out: dict[str, Any] = {"seed": rec["seed"], "supplied": 0, "correct": 0, "D_s": 0.0, "P_s": 0.0, "H_s": 0.0,
+                           "model_s": 0.0, "plain_units": 0, "jumps": 0, "wrong": 0, "unattributed": 0,
+                           "first_wrong_turn": None}
     turns = rec.get("turns", [])
     for i, turn in enumerate(turns):
         acc = turn_account(turn, plain_s)
-        for k in ("supplied", "D_s", "P_s", "H_s", "model_s", "plain_units"):
+        for k in ("supplied", "correct", "D_s", "P_s", "H_s", "model_s", "plain_units"):
             out[k] += acc[k]
         for item in interventions(turn):
             out["jumps"] += 1
-            if wrong(item, turn):
+            blamed = wrong(item, turn)
+            out["unattributed"] += blamed is None
+            if blamed:
                 out["wrong"] += 1
                 if out["first_wrong_turn"] is None:
                     out["first_wrong_turn"] = i
@@ -204,7 +224,9 @@ def task_account(rec: dict[str, Any], base: dict[str, Any] | None, plain_s: floa
     tts = time_to_success(out["model_s"], bool(rec.get("success")), base_s, base_ok)
     base_tts = base_s if base_ok else None
     out["tts_s"] = tts
-    out["unrecovered"] = out["wrong"] > 0 and not rec.get("success") and base_ok
+    # the one meaning of recovered: a wrong supplied call, and the task still succeeded
+    out["recovered"] = out["wrong"] > 0 and bool(rec.get("success"))
+    out["unrecovered"] = out["wrong"] > 0 and not rec.get("success")
     if tts is not None and base_tts is not None:
         out["saved_s"] = base_tts - tts
         out["R_s"] = recovery_s(out["D_s"] - out["P_s"] - out["H_s"], base_tts, tts)
@@ -268,7 +290,7 @@ def summarize(records: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
     per_seed = {int(r["seed"]): r for r in records}  # a seed's task is the same in every arm
     tasks = {key: dict(sorted(Counter(str(r.get(key, "unknown")) for r in per_seed.values()).items()))
              for key in ("kind", "steps")}
-    return {"kind": "jumpahead.live.summary", "version": 2, "arms": arms, "seeds": seeds, "retries": RETRIES,
+    return {"kind": "jumpahead.live.summary", "version": 3, "arms": arms, "seeds": seeds, "retries": RETRIES,
             "bootstrap_resamples": BOOTSTRAP, "tasks": tasks,
             "rejected_rounds_priced": rejected_rounds_priced(records),
             "plain_round_s": round(plain_s, 6) if plain_s else None,
@@ -276,6 +298,7 @@ def summarize(records: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
             "per_arm": out_arms, "accounts": {a: list(accounts[a].values()) for a in arms},
             "kind_groups": kind_groups(by_arm, accounts, arms),
             "versus": {arm: versus(by_arm, accounts, base_arm, arm) for arm, base_arm in nested_arms(arms).items()},
+            "comparisons": compare_arms(by_arm, accounts, [a for a in arms if by_arm.get(a)]),
             "notes": NOTES}
 
 
@@ -300,9 +323,9 @@ def versus(by_arm: dict[str, dict[int, dict[str, Any]]], accounts: dict[str, dic
            base_arm: str, arm: str) -> dict[str, Any]:
     """`arm` against `base_arm`, paired by seed: successes, the time to success saved per
     task (base - arm, over the seeds where both have one: a failure never counts as a
-    saving, and a task only the base solves shows in `successes`), the wall clock saved,
-    and on how many seeds the two arms said the same thing (an exact method must leave
-    every seed's output as it was)."""
+    saving, and a task only the base solves shows in `successes`), and on how many seeds
+    the two arms said the same thing (an exact method must leave every seed's output as
+    it was)."""
     recs, base = by_arm.get(arm, {}), by_arm.get(base_arm, {})
     acc, base_acc = accounts.get(arm, {}), accounts.get(base_arm, {})
     paired = sorted(set(recs) & set(base))
@@ -312,9 +335,8 @@ def versus(by_arm: dict[str, dict[int, dict[str, Any]]], accounts: dict[str, dic
                           arm: sum(1 for s in paired if recs[s]["success"])},
             "outputs_equal": sum(1 for s in paired if assistant_output(recs[s]) == assistant_output(base[s])),
             "paired_tasks": len(both),
-            "tts_s_saved_per_task": bootstrap_mean([float(base_acc[s]["tts_s"]) - float(acc[s]["tts_s"]) for s in both]),
-            "wall_s_saved_per_task": bootstrap_mean([float(base[s]["wall_s"]) - float(recs[s]["wall_s"])
-                                                     for s in both])}
+            "tts_s_saved_per_task": bootstrap_mean([float(base_acc[s]["tts_s"]) - float(acc[s]["tts_s"])
+                                                    for s in both])}
 
 
 def kind_group(kind: str) -> str:
@@ -363,6 +385,53 @@ def kind_groups(by_arm: dict[str, dict[int, dict[str, Any]]], accounts: dict[str
     return dict(sorted(out.items()))
 
 
+def _cost(rows: np.ndarray) -> float | None:
+    """Cost per recovery of task rows [R, wrong jumps where R is measured, ...]: R of the
+    tasks with a wrong jump over their wrong jumps."""
+    wrong = rows[:, 1].sum()
+    return float((rows[:, 0] * (rows[:, 1] > 0)).sum() / wrong) if wrong else None
+
+
+def _breakeven(rows: np.ndarray) -> float | None:
+    """Break-even wrong-jump rate of task rows [R, wrong counted, jumps, D - P - H]:
+    (D - P - H) / (jumps x cost per recovery), where that cost is above 0."""
+    cost, jumps = _cost(rows), rows[:, 2].sum()
+    return float(rows[:, 3].sum() / (jumps * cost)) if cost and cost > 0 and jumps else None
+
+
+def _ci95(d: dict[str, Any]) -> list[float] | None:
+    return None if d.get("lo") is None else [d["lo"], d["hi"]]
+
+
+def _recovery(recs: dict[int, dict[str, Any]], acc: dict[int, dict[str, Any]], counted: list[int],
+              gain: float, pooled_cost: float | None) -> dict[str, Any]:
+    """Jumps, wrong jumps (rate with its Wilson interval), recovered tasks, cost per
+    recovery and the break-even wrong-jump rate (bootstrap intervals over tasks)."""
+    jumps = sum(a["jumps"] for a in acc.values())  # the rate: every task's jumps
+    n_wrong = sum(a["wrong"] for a in acc.values())
+    wrong_counted = sum(acc[s]["wrong"] for s in counted)  # the cost: where R is measured
+    cost = _cost(np.asarray([[acc[s]["R_s"], acc[s]["wrong"]] for s in counted], dtype=float).reshape(-1, 2)) \
+        if wrong_counted else pooled_cost
+    breakeven = gain / (jumps * cost) if jumps and cost and cost > 0 else None
+    rows = [[acc[s]["R_s"] if s in counted else 0.0, acc[s]["wrong"] if s in counted else 0, acc[s]["jumps"],
+             (acc[s]["D_s"] - acc[s]["P_s"] - acc[s]["H_s"]) if s in counted else 0.0] for s in sorted(acc)]
+    cost_ci = bootstrap_stat(rows, _cost) if wrong_counted else {}
+    even_ci = bootstrap_stat(rows, _breakeven) if wrong_counted and breakeven is not None else {}
+    lo, hi = wilson(n_wrong, jumps)
+    return {"jump_interventions": jumps, "wrong": n_wrong,
+            "unattributed": sum(a.get("unattributed", 0) for a in acc.values()),
+            "wrong_rate": round(n_wrong / jumps, 4) if jumps else None,
+            "wrong_rate_ci95": [round(lo, 4), round(hi, 4)] if jumps else None,
+            "tasks_with_wrong": sum(1 for a in acc.values() if a["wrong"]),
+            "recovered_tasks": sum(1 for s, a in acc.items() if a["wrong"] and recs[s]["success"]),
+            "unrecovered_tasks": sum(1 for s, a in acc.items() if a["wrong"] and not recs[s]["success"]),
+            "cost_per_recovery_s": round(cost, 6) if cost is not None else None,
+            "cost_per_recovery_ci95": _ci95(cost_ci) if cost_ci else None,
+            "cost_source": "this arm" if wrong_counted else ("pooled over arms" if cost is not None else None),
+            "breakeven_frequency": round(breakeven, 4) if breakeven is not None else None,
+            "breakeven_ci95": _ci95(even_ci) if even_ci else None}
+
+
 def _arm_summary(arm: str, recs: dict[int, dict[str, Any]], base: dict[int, dict[str, Any]],
                  acc: dict[int, dict[str, Any]], pooled_cost: float | None, base_rounds: list[float],
                  plain_s: float | None) -> dict[str, Any]:
@@ -372,27 +441,23 @@ def _arm_summary(arm: str, recs: dict[int, dict[str, Any]], base: dict[int, dict
     statuses: dict[str, int] = defaultdict(int)
     for r in recs.values():
         statuses[r["status"]] += 1
-    walls = [float(r["wall_s"]) for r in recs.values()]
     # the paired figures: seeds where both the arm and the ordinary arm reach a success
-    # within the retry budget (net = D - P - H - R = the measured saving there)
+    # within the retry budget, a failed attempt paying its redo (net = D - P - H - R =
+    # the measured saving there); never the arm's own successes alone
     counted = [s for s in sorted(acc) if acc[s]["R_s"] is not None]
     totals = {k: round(sum(acc[s][k] for s in counted), 6) for k in ("D_s", "P_s", "H_s", "R_s", "model_s")}
     totals["supplied_tokens"] = sum(acc[s]["supplied"] for s in counted)
+    totals["correct_tokens"] = sum(acc[s].get("correct", acc[s]["supplied"]) for s in counted)
     totals["net_s"] = round(totals["D_s"] - totals["P_s"] - totals["H_s"] - totals["R_s"], 6)
     totals["tasks"] = len(counted)
     paired = sorted(set(recs) & set(base))
-    jumps = sum(a["jumps"] for a in acc.values())  # frequency: every task's jumps
-    n_wrong = sum(a["wrong"] for a in acc.values())
-    wrong_counted = sum(acc[s]["wrong"] for s in counted)  # cost: where R is measured
-    r_wrong = sum(acc[s]["R_s"] for s in counted if acc[s]["wrong"])
-    cost = r_wrong / wrong_counted if wrong_counted else pooled_cost
     gain = totals["D_s"] - totals["P_s"] - totals["H_s"]
-    breakeven = gain / (jumps * cost) if jumps and cost and cost > 0 else None
-    out = {
+    return {
         "tasks": n, "successes": wins, "success_rate": round(wins / n, 4) if n else None,
         "success_ci95": [round(lo, 4), round(hi, 4)], "status": dict(statuses),
-        "wall_s_all": distribution(walls),
-        "wall_s_success": distribution([float(r["wall_s"]) for r in recs.values() if r["success"]]),
+        # every task's wall clock, failures included (no per-arm figure over successes only:
+        # each arm's successes are a different task set)
+        "wall_s_all": distribution([float(r["wall_s"]) for r in recs.values()]),
         "model_s_all": distribution([a["model_s"] for a in acc.values()]),
         "tts_s": distribution([float(a["tts_s"]) for a in acc.values() if a["tts_s"] is not None]),
         "unsolved_pairs": sum(1 for s in paired if acc[s]["R_s"] is None),
@@ -400,25 +465,16 @@ def _arm_summary(arm: str, recs: dict[int, dict[str, Any]], base: dict[int, dict
         "tokens": {k: sum(int(r.get(k, 0)) for r in recs.values())
                    for k in ("prompt_tokens", "completion_tokens", "cached_tokens")},
         "totals": totals,
+        "gain_s_per_task": bootstrap_mean([acc[s]["D_s"] - acc[s]["P_s"] - acc[s]["H_s"] for s in counted]),
         "net_s_per_task": bootstrap_mean([acc[s]["net_s"] for s in counted]),
         "R_s_per_task": bootstrap_r([acc[s] for s in counted], base_rounds, plain_s),
         "paired_seeds": len(paired),
         "tts_s_saved_per_task": bootstrap_mean([acc[s]["saved_s"] for s in counted]),
-        "wall_s_saved_per_task": bootstrap_mean([float(base[s]["wall_s"]) - float(recs[s]["wall_s"])
-                                                 for s in paired]),
         "success_vs_ordinary": {"arm_only": sum(1 for s in paired if recs[s]["success"] and not base[s]["success"]),
                                 "ordinary_only": sum(1 for s in paired if base[s]["success"] and not recs[s]["success"])},
         "ground_truth": _ground_truth(recs),
-        "recovery": {"jump_interventions": jumps, "wrong": n_wrong,
-                     "frequency": round(n_wrong / jumps, 4) if jumps else None,
-                     "tasks_with_wrong": sum(1 for a in acc.values() if a["wrong"]),
-                     "recovered_tasks": sum(1 for s, a in acc.items() if a["wrong"] and recs[s]["success"]),
-                     "unrecovered_tasks": sum(1 for a in acc.values() if a.get("unrecovered")),
-                     "cost_per_recovery_s": round(cost, 6) if cost is not None else None,
-                     "cost_source": "this arm" if wrong_counted else ("pooled over arms" if cost is not None else None),
-                     "breakeven_frequency": round(breakeven, 4) if breakeven is not None else None},
+        "recovery": _recovery(recs, acc, counted, gain, pooled_cost),
     }
-    return out
 
 
 def _ground_truth(recs: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -439,8 +495,11 @@ def looped(rec: dict[str, Any]) -> bool:
 NOTES = [
     "success: the task's own check on the workspace (and the final answer); a task without a final answer "
     "(step limit, timeout, error) fails",
-    "wall_s_all counts every task (failures and timeouts included); wall_s_success only successes",
-    "plain_round_s: the ordinary arm's median s per one-token decode round; D = supplied tokens x plain_round_s",
+    "wall_s_all counts every task (failures and timeouts included); no wall-time figure over successes only or "
+    "wall-time saving is reported: they compare different task sets (time to success, with its retry rule, "
+    "is the paired figure)",
+    "plain_round_s: the ordinary arm's median s per one-token decode round; D = correct supplied tokens x "
+    "plain_round_s (a wrong unverified jump's tokens count nothing; traces/accounting.py correct_tokens)",
     "P = rounds carrying supplied tokens beyond plain_round_s, less their share of proposer time; H = proposer "
     "time (rejected proposals included) + the arm's policies' on_request/on_result time (fit excluded)",
     f"time to success (tts_s): the task's model time where it succeeded; a failed attempt adds {RETRIES} ordinary "
@@ -448,12 +507,23 @@ NOTES = [
     "success: failed within the budget, counted in unsolved_pairs and left out of the paired figures",
     "R = (D - P - H) - (ordinary tts - arm tts) per seed, every arm, not clamped: what the measured saving leaves "
     "unexplained; its CI resamples seeds and plain_round_s",
-    "totals, net_s_per_task and tts_s_saved_per_task are over the seeds where both arms have a time to success; "
-    "net_s = D - P - H - R equals the measured saving there",
-    "ground truth: each call's effect on the workspace against the state the task's ideal solution leaves "
-    "(right / wrong / harmless; silent wrong writes and non-zero exits are wrong); a task with a wrong call is "
-    "recovered, unrecovered or unnoticed (live/ground_truth.py)",
+    "totals, gain_s_per_task (D - P - H), net_s_per_task and tts_s_saved_per_task are over the seeds where both "
+    "arms have a time to success, failures paying their redo; net_s = D - P - H - R equals the measured saving there",
+    "ground truth: each call's effect on the workspace against the state the task's ideal solution leaves, "
+    "texts compared as the task checks compare them (right / wrong / harmless; silent wrong writes and non-zero "
+    "exits are wrong); ground_truth.tasks counts what became of the files a wrong call changed: `recovered` "
+    "there means repaired by a later call (the record's truth_outcome), not the recovery below",
+    "recovered (recovery.recovered_tasks): a task whose arm made a wrong supplied call and still succeeded; "
+    "unrecovered: one that failed",
+    "wrong jumps: a `mistaken` label, or the call the jump supplied is wrong by ground truth (per call: the "
+    "record's calls_done, or the turn's only call; jumps in a turn of several calls without it are "
+    "`unattributed`); wrong_rate = wrong / jumps with a Wilson interval; cost per recovery = R of tasks with a "
+    "wrong jump / their wrong jumps; breakeven_frequency = (D - P - H) / (jumps x cost per recovery); both with "
+    "bootstrap intervals over tasks",
     "versus: each arm X+Y against arm X of the same run, paired by seed: time to success saved over the seeds "
     "both have one, successes of each, and the seeds whose assistant output (contents and calls) is equal",
-    "wrong jumps: a `mistaken` label or a wrong call (ground truth) in the jump's turn; breakeven_frequency = (D - P - H) / (jump interventions x cost per recovery)",
+    "comparisons: every pair of arms, paired by seed over the seeds both have a time to success: the mean saving "
+    "of b over a with a bootstrap 95% CI and a Bonferroni-corrected CI, a sign-flip test's p with Holm's "
+    "correction over the family; a difference is claimed only where the corrected CI excludes 0 and the Holm p "
+    "is under alpha",
 ]

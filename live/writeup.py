@@ -1,8 +1,11 @@
 """`jumpahead write-up`: the research write-up (docs/research.md) from a live run's summary.
 
 `jumpahead write-up --run DIR --out docs/research.md` reads DIR/summary.json (the
-summary `jumpahead live` writes, live/summary.py; DIR may also be the JSON file itself),
-copies it next to the page (docs/research/summary.json: sorted keys, indented; without
+summary `jumpahead live` writes, live/summary.py; DIR may also be the JSON file itself)
+and, where the run's raw per-task records are kept beside it (tasks.jsonl, or the
+write-up's own tasks.jsonl.gz), rebuilds the summary from them with the current code
+(live/run_records.py; the earlier summary gives only the run's description), keeps the
+records next to the page (tasks.jsonl.gz), copies the summary next to the page (docs/research/summary.json: sorted keys, indented; without
 its per-task `accounts` when the whole would pass COPY_LIMIT bytes), draws the figures
 as SVG into the same folder (live/writeup_figures.py) and writes the page.
 
@@ -50,11 +53,14 @@ MECHANISMS: dict[str, str] = {
                                 "ambiguity rules as online jumps (policies/early_jump.py `EarlyJump`, the "
                                 "`block_closed` boundary of policies/tracker.py). Arms: `early-jump`, "
                                 "`early-jump:verify=1` (verified: exact).",
-    "oracle jumps": "The same jump, driven by hindsight: in a live run the task's ideal calls travel with each "
-                    "request, and at a tool name or argument key the ideal call that continues what the model has "
-                    "written is the oracle; only content present before the jump point is supplied "
-                    "(live/oracle.py `LiveOracleJump` over policies/jump.py `OracleJump`). An upper bound for "
-                    "jumps that are always right. Arm: `oracle-jump`.",
+    "oracle jumps": "The same jump, driven by an oracle; only content present before the jump point is supplied "
+                    "(policies/jump.py `OracleJump`). The hindsight oracle is the model's own future: the ordinary "
+                    "arm's recorded output of the same turn of the same seed, sent only while the conversation still "
+                    "equals the recording (live/oracle.py `LiveHindsightJump`); it is the upper bound for jumps that "
+                    "are always right. Arm: `hindsight-jump`. The steering oracle sends the task's ideal calls with "
+                    "each request (live/oracle.py `LiveOracleJump`): it can lead the model to calls it would not "
+                    "have made, so it is labelled steering, never the upper bound. Arm: `steering-jump` (old name "
+                    "`oracle-jump`).",
     "mistaken jumps": "The same jumps with a fraction of them perturbed deterministically (a wrong path, "
                       "truncated content, another file's content), to measure whether and at what cost the agent "
                       "notices and recovers (policies/jump.py `MistakenJump`; with `base=oracle`, live/oracle.py "
@@ -67,7 +73,8 @@ MECHANISMS: dict[str, str] = {
 }
 MECHANISM_OF_PART = {"strict": "strict fill", "echo": "echo", "default": "echo + checked strict fill (server default)",
                      "ngram": "n-gram proposals", "draft": "draft model", "jump": "online jumps",
-                     "early-jump": "earlier action selection", "oracle-jump": "oracle jumps", "mistaken-jump": "mistaken jumps", "compaction": "compaction",
+                     "early-jump": "earlier action selection", "oracle-jump": "oracle jumps",
+                     "hindsight-jump": "oracle jumps", "steering-jump": "oracle jumps", "mistaken-jump": "mistaken jumps", "compaction": "compaction",
                      "ordinary": "none (ordinary decoding)"}
 
 
@@ -138,14 +145,20 @@ def _run_section(summary: dict[str, Any], command: str) -> list[str]:
                  + (f", adapter {run['adapter']}" if run.get("adapter") else ", no adapter")
                  + (f", device {served['device']}" if served.get("device") else ""))
     if mach:
-        facts.append(f"machine: {wt.num(mach.get('cpus'))} CPU cores, {mach.get('platform')}"
+        facts.append("machine: " + (f"{mach['cpu_model']}, " if mach.get("cpu_model") else "")
+                     + f"{wt.num(mach.get('cpus'))} CPU cores, {mach.get('platform')}"
                      + "".join(f", {k}={v}" for k, v in (mach.get("env") or {}).items()))
+    if "commit" in run:
+        facts.append("code: " + (f"commit `{run['commit']}`" + (" with uncommitted changes" if run.get("dirty") else "")
+                                 if run.get("commit") else "commit not recorded (no git where it ran)")
+                     + ("; the raw per-task records are kept with the run (tasks.jsonl; tasks.jsonl.gz next to this "
+                        "page), and this summary is rebuilt from them" if run.get("records") else ""))
     facts.append(f"tasks in flight: {wt.num(run.get('concurrency'))}; run wall time {wt.num(run.get('wall_s'), 1)} s"
                  + (f", finished {run['finished_utc']} UTC" if run.get("finished_utc") else ""))
     facts.append(f"plain round (the ordinary arm's median one-token decode round): "
                  f"{wt.num(summary.get('plain_round_s'), 4)} s")
     lines += [f"- {f}" for f in facts] + ["", "Arms of this run (live/arms.py):", ""]
-    lines += ["| arm | mechanism | server options | per-request `jumpahead` field | oracle calls sent |",
+    lines += ["| arm | mechanism | server options | per-request `jumpahead` field | oracle sent |",
               "|---|---|---|---|---|"]
     arms = run.get("arms") or {}
     for arm in wt.arms_of(summary):
@@ -154,7 +167,8 @@ def _run_section(summary: dict[str, Any], command: str) -> list[str]:
         mech = " + ".join(MECHANISM_OF_PART.get(head, f"user arm `{head}`") + (f" ({opts})" if opts else "")
                           for head, _, opts in parts)
         lines.append(f"| {arm} | {mech} | `{' '.join(a.get('serve_args') or []) or '(none)'}` "
-                     f"| `{json.dumps(a.get('request', {}), sort_keys=True)}` | {'yes' if a.get('oracle') else 'no'} |")
+                     f"| `{json.dumps(a.get('request', {}), sort_keys=True)}` "
+                     f"| {'ideal calls' if a.get('oracle') else 'recorded output' if a.get('hindsight') else 'no'} |")
     return lines + ["", _caption("Table", 1, "The arms.", command), ""]
 
 
@@ -182,11 +196,14 @@ def _accounting_section(summary: dict[str, Any]) -> list[str]:
               "How the summary (live/summary.py) reads them off a live turn, as this run recorded it:", ""]
     lines += [f"- {n}" for n in summary.get("notes", [])] + [""]
     n = summary.get("bootstrap_resamples")
-    lines += ["Intervals: success rates carry a Wilson score 95% interval; per-task figures are means over the "
-              "seeds where both the arm and the ordinary arm reach a success, with a percentile bootstrap 95% CI "
-              "that resamples the seeds" + (f" ({wt.num(n)} resamples)" if n else "")
+    lines += ["Intervals: success rates and wrong-jump rates carry a Wilson score 95% interval; per-task figures "
+              "(D - P - H, the measured saving, R, net) are means over the seeds where both the arm and the ordinary "
+              "arm reach a success, a failed attempt paying its redo, with a percentile bootstrap 95% CI that "
+              "resamples the seeds" + (f" ({wt.num(n)} resamples, seeded: a rebuild gives the same bounds)" if n else "")
               + "; R's CI also resamples the plain round (the median of a resample of the ordinary arm's one-token "
-                "rounds), since D and P move with it.", ""]
+                "rounds), since D and P move with it; cost per recovery and the break-even wrong-jump rate carry "
+                "bootstrap intervals over tasks; arms are compared with each other pair by pair "
+                "(live/comparisons.py) with Holm's correction over the pairs.", ""]
     return lines
 
 
@@ -219,21 +236,26 @@ def render(summary: dict[str, Any], figs: str = Path(DEFAULT_OUT).stem) -> str:
     lines += ["Against the ordinary arm:", ""] + [f"- {wt.success_sentence(summary, a)}" for a in cmp]
     lines += [f"- {wt.saving_sentence(summary, a)}" for a in cmp]
     lines += [f"- {wt.r_sentence(summary, a)}" for a in cmp] + [""]
+    lines += _comparison_section(summary, command)
     lines += _kind_groups_section(summary, command)
     lines += ["## Ground truth", "",
               "Each call is judged by its effect on the workspace against the state the task's ideal solution "
               "leaves (live/ground_truth.py), not by its result text: `right`, `harmless` (changed nothing, did "
-              "not fail) or `wrong` (a silent wrong write, an extra or deleted file, an error, a non-zero exit); a "
-              "task with a wrong call is `recovered` when a later call puts the files back, `unnoticed` when no "
-              "later call touches them, else `unrecovered`.", "", wt.truth_table(summary), "",
+              "not fail) or `wrong` (a silent wrong write, an extra or deleted file, an error, a non-zero exit); "
+              "texts are compared as the task checks compare them (trailing spaces and newlines aside). A task "
+              "with a wrong call has its files repaired when a later call puts them back, unnoticed when no later "
+              "call touches them, else not repaired.", "", wt.truth_table(summary), "",
               _caption("Table", 3, "Ground truth per arm.", command), ""]
     lines += [f"- {wt.truth_sentence(summary, a)}" for a in wt.arms_of(summary)] + [""]
     lines += ["## Recovery and break-even", "",
-              "A jump is wrong when its policy perturbed it or a call of its turn is wrong by the ground truth. "
-              "Recovery frequency = wrong jumps / jumps; cost per recovery = R of the tasks with a wrong jump / "
-              "wrong jumps (pooled over arms where an arm has no measured one); break-even frequency = "
-              "(D - P - H) / (jumps x cost per recovery): the share of wrong jumps at which their cost would cancel "
-              "what the jumps save.", "", wt.recovery_table(summary), "",
+              "A jump is wrong when its policy perturbed it or the call it supplied is wrong by the ground truth "
+              "(per call: another call of its turn does not blame it; a jump that cannot be tied to one call of "
+              "a several-call turn is counted as unattributed). A wrong jump's tokens count nothing in D. A task "
+              "is recovered when its arm made a wrong supplied call and still succeeded, unrecovered when it "
+              "failed. Wrong-jump rate = wrong jumps / jumps; cost per recovery = R of the tasks with a wrong "
+              "jump / wrong jumps (pooled over arms where an arm has no measured one); break-even wrong-jump "
+              "rate = (D - P - H) / (jumps x cost per recovery): the rate at which their cost would cancel what "
+              "the jumps save.", "", wt.recovery_table(summary), "",
               _caption("Table", 4, "Recovery per arm that made jumps.", command), ""]
     lines += figure("recovery")
     lines += [f"- {s}" for s in (wt.breakeven_sentence(summary, a) for a in wt.arms_of(summary)) if s] + [""]
@@ -243,6 +265,23 @@ def render(summary: dict[str, Any], figs: str = Path(DEFAULT_OUT).stem) -> str:
                                          f"`{figs}`); `--run {figs}/summary.json`, the copy next to this page, "
                                          "rebuilds the page and its figures.", ""]
     return "\n".join(lines)
+
+
+def _comparison_section(summary: dict[str, Any], command: str) -> list[str]:
+    """Every pair of arms on the same seeds: which supplied continuation pays more, said
+    only where the corrected comparison shows it (live/comparisons.py)."""
+    table = summary.get("comparisons") or {}
+    head = ["## Arm against arm", "",
+            "Each pair of arms on the seeds where both reach a success within the retry budget: the saving in time "
+            "to success of b over a per task, with its bootstrap 95% CI and a Bonferroni-corrected CI (95% jointly "
+            "over the pairs), a paired sign-flip test's p and Holm's adjustment over the "
+            f"{wt.num(table.get('family'))} pairs. A faster arm is named only where the Holm p is under "
+            f"{wt.num(table.get('alpha'))} and the corrected CI excludes 0." if table else
+            "Each pair of arms on the same seeds (live/comparisons.py).", "", wt.comparison_table(summary), ""]
+    if not table:
+        return head
+    return head + [_caption("Table", "2c", "Arm against arm, paired by seed, Holm-corrected.", command), ""] + \
+        [f"- {line}" for line in wt.comparison_sentences(summary)] + [""]
 
 
 def _kind_groups_section(summary: dict[str, Any], command: str) -> list[str]:
@@ -271,6 +310,11 @@ def _limits_section(summary: dict[str, Any]) -> list[str]:
                "plain round and another cost of carrying supplied tokens.",
              "- A synthetic task world (live/world.py): small file edits and commands with an independent check "
              "on the workspace, not real repositories.",
+             *(["- Jump eligibility is manufactured: the adapter was trained on conversations that state each "
+                "call's content in a fenced block before the call (live/trajectories.py), which is what the online "
+                "and early jumps read; a model that does not write its content first leaves them little to supply."]
+               if any(p.split(":")[0] in ("jump", "early-jump") for a in wt.arms_of(summary) for p in a.split("+"))
+               else []),
              ("- Short and long tasks, reported apart above; the long kinds' figures rest on fewer seeds."
               if "long" in (summary.get("kind_groups") or {}) else
               "- Short tasks: "
@@ -294,16 +338,34 @@ def _limits_section(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def rebuilt(run: Path) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+    """The summary of `run` and its raw records: rebuilt from the records by the current
+    code where the run keeps them (its `run` description taken from the earlier
+    summary), else the summary as it was written."""
+    from .run_records import read_records, summary_of
+
+    earlier = load_summary(run)
+    records = read_records(run if run.is_dir() else run.parent)
+    if not records:
+        return earlier, None
+    return summary_of(records, wt.arms_of(earlier), earlier.get("run")), records
+
+
 def build(run: Path, out: Path) -> dict[str, Path]:
-    """Write the page, its figures and the summary copy; the paths written by name."""
+    """Write the page, its figures, the summary copy and (where the run keeps them) its
+    records; the paths written by name."""
+    from .run_records import TASKS_GZ, write_records_gz
     from .writeup_figures import write_figures
 
-    summary = json.loads(copy_text(load_summary(run)))
+    fresh, records = rebuilt(run)
+    summary = json.loads(copy_text(fresh))
     folder = out.parent / out.stem
     folder.mkdir(parents=True, exist_ok=True)
     copy = folder / "summary.json"
     copy.write_text(copy_text(summary))
     paths = {"summary": copy, **write_figures(summary, folder, command_of(summary))}
+    if records:
+        paths["records"] = write_records_gz(records, folder / TASKS_GZ)
     out.write_text(render(summary, out.stem))
     return {"page": out, **paths}
 

@@ -85,7 +85,12 @@ def saving(fig: Any, summary: dict[str, Any]) -> None:
         t = per[a]["totals"]
         n = t.get("tasks") or 0
         gain.append((float(t.get("D_s") or 0) - float(t.get("P_s") or 0) - float(t.get("H_s") or 0)) / n if n else 0.0)
-    ax.bar([i - width for i in range(len(arms))], gain, width, color=COLORS["D"], label="D - P - H per task")
+    # D - P - H per task: its bootstrap CI where the summary has one (gain_s_per_task)
+    ds = [per[a].get("gain_s_per_task") or {} for a in arms]
+    err = _ci_err(gain, [float(d["lo"]) if d.get("lo") is not None else v for d, v in zip(ds, gain)],
+                  [float(d["hi"]) if d.get("hi") is not None else v for d, v in zip(ds, gain)])
+    ax.bar([i - width for i in range(len(arms))], gain, width, yerr=err, capsize=2, color=COLORS["D"],
+           label="D - P - H per task (95% CI)")
     for offset, key, color, label in ((0.0, "tts_s_saved_per_task", "#4878a8",
                                        "measured time-to-success saving = net D - P - H - R (95% CI)"),
                                       (width, "R_s_per_task", COLORS["R"], "R per task (95% CI)")):
@@ -100,7 +105,7 @@ def saving(fig: Any, summary: dict[str, Any]) -> None:
 
 
 def recovery(fig: Any, summary: dict[str, Any]) -> None:
-    """Recovery frequency (wrong / jumps) against the break-even frequency, per arm with jumps."""
+    """The wrong-jump rate (Wilson 95%) against the break-even rate (bootstrap 95%), per arm with jumps."""
     per = summary["per_arm"]
     arms = [a for a in arms_of(summary) if (per[a].get("recovery") or {}).get("jump_interventions")]
     ax = _axes(fig, arms)
@@ -109,22 +114,29 @@ def recovery(fig: Any, summary: dict[str, Any]) -> None:
                 transform=ax.transAxes)
         ax.set_yticks([])
     width = 0.38
-    for offset, key, color, label in ((-width / 2, "frequency", COLORS["R"], "recovery frequency (wrong / jumps)"),
-                                      (width / 2, "breakeven_frequency", "#4878a8", "break-even frequency")):
-        values = [per[a]["recovery"].get(key) for a in arms]
+    tops = [0.0]
+    for offset, key, bounds, color, label in (
+            (-width / 2, "wrong_rate", "wrong_rate_ci95", COLORS["R"],
+             "wrong-jump rate (wrong / jumps, Wilson 95% CI)"),
+            (width / 2, "breakeven_frequency", "breakeven_ci95", "#4878a8", "break-even rate (bootstrap 95% CI)")):
+        recs = [per[a]["recovery"] for a in arms]
+        values = [r.get(key, r.get("frequency")) if key == "wrong_rate" else r.get(key) for r in recs]
+        drawn = [v or 0.0 for v in values]
+        cis = [r.get(bounds) for r in recs]
+        err = _ci_err(drawn, [c[0] if c else v for c, v in zip(cis, drawn)],
+                      [c[1] if c else v for c, v in zip(cis, drawn)])
         xs = [i + offset for i in range(len(arms))]
-        ax.bar(xs, [v or 0.0 for v in values], width, color=color, label=label)
+        ax.bar(xs, drawn, width, yerr=err, capsize=2, color=color, label=label)
+        tops += [c[1] for c in cis if c] + [v for v in values if v is not None]
         for x, v in zip(xs, values):
             ax.text(x, max(v or 0.0, 0.0), "n/a" if v is None else f"{v:.3f}", ha="center", va="bottom",
                     fontsize=6)
     if arms:
-        top = max([v for a in arms for v in (per[a]["recovery"].get("frequency"),
-                                              per[a]["recovery"].get("breakeven_frequency")) if v is not None] + [0.0])
         ax.set_ylim(min(0.0, *(per[a]["recovery"].get("breakeven_frequency") or 0.0 for a in arms)) * 1.25,
-                    max(0.05, top * 1.25))
+                    max(0.05, max(tops) * 1.25))
         ax.set_ylabel("share of jumps")
         ax.legend(frameon=False, fontsize=7)
-    ax.set_title("Recovery frequency and its break-even")
+    ax.set_title("Wrong-jump rate and its break-even")
 
 
 def _footer(fig: Any, text: str) -> None:
@@ -143,11 +155,12 @@ FIGURES: dict[str, tuple[Callable[[Any, dict[str, Any]], None], str]] = {
     "success": (success, "Success rate per arm with its Wilson 95% interval."),
     "dphr": (dphr, "D (up), -P, -H and -R (down) stacked per arm, totals over the seeds where both the arm and "
                    "the ordinary arm reach a success; the diamond is the net D - P - H - R."),
-    "saving": (saving, "Per task, paired with the ordinary arm: D - P - H, the measured saving in time to success "
-                       "(equal to net D - P - H - R: R is what the measured saving leaves of D - P - H) and R, "
-                       "with bootstrap 95% CIs."),
-    "recovery": (recovery, "Recovery frequency (wrong jumps / jumps) against the break-even frequency, "
-                           "per arm that made jumps."),
+    "saving": (saving, "Per task, paired with the ordinary arm over the seeds both solve within the retry budget "
+                       "(a failure paying its redo): D - P - H, the measured saving in time to success (equal to "
+                       "net D - P - H - R: R is what the measured saving leaves of D - P - H) and R, each with its "
+                       "bootstrap 95% CI where the summary has one."),
+    "recovery": (recovery, "Wrong-jump rate (wrong jumps / jumps, Wilson 95% CI) against the break-even rate "
+                           "(bootstrap 95% CI where the summary has one), per arm that made jumps."),
 }
 
 

@@ -75,24 +75,28 @@ def compared(summary: dict[str, Any]) -> list[str]:
 
 def results_table(summary: dict[str, Any]) -> str:
     """The per-arm results (BENCHMARKS.md's live A/B table): success with its Wilson CI,
-    D/P/H/R and net totals over the paired seeds, per-task bootstrap CIs."""
-    lines = ["| arm | solved (95% CI) | D s | P s | H s | R s | net s | time to success saved / task (CI) "
-             "| R / task (CI) | net / task (CI) | paired seeds (unsolved pairs) | jumps (wrong) |",
-             "|" + "---|" * 12]
+    D/P/H/R and net totals over the paired seeds, per-task bootstrap CIs (D - P - H
+    included)."""
+    lines = ["| arm | solved (95% CI) | D s | P s | H s | R s | net s | D - P - H / task (CI) "
+             "| time to success saved / task (CI) | R / task (CI) | net / task (CI) | paired seeds (unsolved pairs) "
+             "| jumps (wrong) |",
+             "|" + "---|" * 13]
     for arm in arms_of(summary):
         s = summary["per_arm"][arm]
         t, rec = s["totals"], s.get("recovery", {})
         lines.append("| " + " | ".join([
             arm, solved(s), *(sec(t.get(k)) for k in ("D_s", "P_s", "H_s", "R_s", "net_s")),
-            ci(s.get("tts_s_saved_per_task")), ci(s.get("R_s_per_task")), ci(s.get("net_s_per_task")),
+            ci(s.get("gain_s_per_task")), ci(s.get("tts_s_saved_per_task")), ci(s.get("R_s_per_task")), ci(s.get("net_s_per_task")),
             f"{t.get('tasks', 0)} ({s.get('unsolved_pairs', 0)})",
             f"{rec.get('jump_interventions', 0)} ({rec.get('wrong', 0)})"]) + " |")
     return "\n".join(lines)
 
 
 def truth_table(summary: dict[str, Any]) -> str:
-    """Calls by their ground-truth label and wrong-call tasks by what followed, per arm."""
-    lines = ["| arm | calls right | harmless | wrong | wrong-call tasks recovered | unrecovered | unnoticed |",
+    """Calls by their ground-truth label and wrong-call tasks by what became of the files
+    the wrong call changed (summary `ground_truth.tasks`, whose `recovered` key means
+    repaired: "recovered" in the write-up is the recovery table's), per arm."""
+    lines = ["| arm | calls right | harmless | wrong | wrong-call tasks: files repaired | not repaired | unnoticed |",
              "|" + "---|" * 7]
     for arm in arms_of(summary):
         gt = summary["per_arm"][arm].get("ground_truth", {})
@@ -103,23 +107,80 @@ def truth_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _bounds(pair: list[float] | None, nd: int = 3) -> str:
+    return "" if not pair else f" ({num(pair[0], nd)} to {num(pair[1], nd)})"
+
+
+def wrong_rate(rec: dict[str, Any]) -> Any:
+    """The wrong-jump rate (older summaries called it `frequency`)."""
+    return rec.get("wrong_rate", rec.get("frequency"))
+
+
 def recovery_table(summary: dict[str, Any]) -> str:
-    """Jumps, wrong jumps, recovery frequency, cost per recovery and break-even, per arm
-    that made jumps."""
-    lines = ["| arm | jumps | wrong | recovery frequency | cost per recovery s (from) | break-even frequency |",
-             "|" + "---|" * 6]
+    """Per arm that made jumps: jumps, wrong jumps, the wrong-jump rate (Wilson 95%),
+    recovered / unrecovered tasks, cost per recovery and the break-even rate (bootstrap 95%)."""
+    lines = ["| arm | jumps | wrong (unattributed) | wrong-jump rate (95% CI) | tasks with a wrong jump: recovered "
+             "/ unrecovered | cost per recovery s (95% CI; from) | break-even wrong-jump rate (95% CI) |",
+             "|" + "---|" * 7]
     for arm in arms_of(summary):
         rec = summary["per_arm"][arm].get("recovery", {})
         if not rec.get("jump_interventions"):
             continue
-        source = f" ({rec['cost_source']})" if rec.get("cost_source") else ""
-        lines.append("| " + " | ".join([arm, num(rec["jump_interventions"]), num(rec.get("wrong")),
-                                        num(rec.get("frequency"), 3),
-                                        sec(rec.get("cost_per_recovery_s")) + source,
-                                        num(rec.get("breakeven_frequency"), 3)]) + " |")
+        source = f"; {rec['cost_source']}" if rec.get("cost_source") else ""
+        cost = rec.get("cost_per_recovery_ci95")
+        lines.append("| " + " | ".join([
+            arm, num(rec["jump_interventions"]), f"{num(rec.get('wrong'))} ({num(rec.get('unattributed', 0))})",
+            num(wrong_rate(rec), 3) + _bounds(rec.get("wrong_rate_ci95")),
+            f"{num(rec.get('recovered_tasks', 0))} / {num(rec.get('unrecovered_tasks', 0))}",
+            sec(rec.get("cost_per_recovery_s")) + (f" ({sec(cost[0])} to {sec(cost[1])}{source})" if cost
+                                                   else (f" ({source[2:]})" if source else "")),
+            num(rec.get("breakeven_frequency"), 3) + _bounds(rec.get("breakeven_ci95"))]) + " |")
     if len(lines) == 2:
         return "No arm of this run made a jump intervention."
     return "\n".join(lines)
+
+
+def comparison_table(summary: dict[str, Any]) -> str:
+    """The arm-against-arm table (summary `comparisons`): per pair, the saving of b over a
+    per task with its 95% and corrected CIs, the p-values and the verdict."""
+    table = summary.get("comparisons") or {}
+    rows = table.get("rows") or []
+    if not rows:
+        return "This run's summary has no arm-against-arm table (rebuild it from the run's records)."
+    lines = ["| a | b | paired seeds | saving of b over a, s / task (95% CI) | corrected CI | p | p (Holm) "
+             "| solved only by a / only by b | verdict |", "|" + "---|" * 9]
+    for r in rows:
+        succ = r.get("successes") or {}
+        lines.append("| " + " | ".join([
+            f"`{r['a']}`", f"`{r['b']}`", num(r.get("pairs")), ci(r.get("saving_s")),
+            "n/a" if (r.get("saving_s_corrected") or {}).get("lo") is None else
+            f"{sec(r['saving_s_corrected']['lo'])} to {sec(r['saving_s_corrected']['hi'])}",
+            num(r.get("p"), 4), num(r.get("p_holm"), 4),
+            f"{num(succ.get('a_only', 0))} / {num(succ.get('b_only', 0))}", r.get("verdict", "")]) + " |")
+    return "\n".join(lines)
+
+
+def comparison_sentences(summary: dict[str, Any]) -> list[str]:
+    """One sentence per pair of arms, decided by the pair's verdict (live/comparisons.py:
+    the Holm-adjusted p under alpha and the corrected interval clear of 0): a faster arm
+    is named only there; elsewhere the sentence says no difference is shown."""
+    table = summary.get("comparisons") or {}
+    out = []
+    for r in table.get("rows") or []:
+        a, b, d, c = r["a"], r["b"], r.get("saving_s") or {}, r.get("saving_s_corrected") or {}
+        if d.get("mean") is None:
+            out.append(f"`{a}` and `{b}`: no seed where both reach a success, so no comparison.")
+            continue
+        corrected = f"corrected CI {sec(c.get('lo'))} to {sec(c.get('hi'))}, Holm p {num(r.get('p_holm'), 4)}"
+        if r.get("verdict") == "b faster":
+            out.append(f"`{b}` is faster to success than `{a}`: by {per_task(d)}; {corrected}.")
+        elif r.get("verdict") == "a faster":  # said from a's side: a's saving over b, bounds negated
+            neg = {"mean": -d["mean"], "lo": -d["hi"], "hi": -d["lo"]}
+            out.append(f"`{a}` is faster to success than `{b}`: by {per_task(neg)}; corrected CI "
+                       f"{sec(-c['hi'])} to {sec(-c['lo'])}, Holm p {num(r.get('p_holm'), 4)}.")
+        else:
+            out.append(f"`{a}` against `{b}`: no difference shown (saving of `{b}` {per_task(d)}; {corrected}).")
+    return out
 
 
 # --- sentences that compare arms -----------------------------------------------------------
@@ -176,8 +237,9 @@ def breakeven_sentence(summary: dict[str, Any], arm: str) -> str | None:
     jumps = rec.get("jump_interventions") or 0
     if not jumps:
         return None
-    freq, even, cost = rec.get("frequency"), rec.get("breakeven_frequency"), rec.get("cost_per_recovery_s")
-    head = f"`{arm}`: {num(rec.get('wrong', 0))} of {num(jumps)} jumps wrong (frequency {num(freq, 3)})"
+    freq, even, cost = wrong_rate(rec), rec.get("breakeven_frequency"), rec.get("cost_per_recovery_s")
+    head = (f"`{arm}`: {num(rec.get('wrong', 0))} of {num(jumps)} jumps wrong (rate {num(freq, 3)}"
+            f"{_bounds(rec.get('wrong_rate_ci95'))})")
     if cost is None:
         return f"{head}; no wrong jump had a measured R in this run, so no cost per recovery and no break-even."
     if even is None:
@@ -188,11 +250,16 @@ def breakeven_sentence(summary: dict[str, Any], arm: str) -> str | None:
     if even <= 0:
         return (f"{head}; D - P - H is not above 0, so the jumps do not pay even when all are right "
                 f"(break-even {num(even, 3)}).")
+    rate_ci, even_ci = rec.get("wrong_rate_ci95"), rec.get("breakeven_ci95")
+    tail = f"break-even rate {num(even, 3)}{_bounds(even_ci)}, {sec(cost)} s per recovery"
     if freq is not None and freq < even:
-        return (f"{head}, below the break-even frequency {num(even, 3)}: at this error rate the jumps "
-                f"save more than their wrong ones cost ({sec(cost)} s per recovery).")
-    return (f"{head}, at or above the break-even frequency {num(even, 3)}: at this error rate the wrong "
-            f"jumps cost more than the jumps save ({sec(cost)} s per recovery).")
+        if rate_ci and even_ci and rate_ci[1] < even_ci[0]:  # claimed only with both intervals apart
+            return (f"{head}, below the {tail}, the two intervals apart: at this error rate the jumps save more "
+                    f"than their wrong ones cost.")
+        why = "the intervals overlap" if rate_ci and even_ci else "this summary has no interval for both"
+        return (f"{head}, below the {tail}, but {why}: this run does not show that the jumps save more than "
+                f"their wrong ones cost.")
+    return (f"{head}, at or above the {tail}: at this error rate the wrong jumps cost more than the jumps save.")
 
 
 def truth_sentence(summary: dict[str, Any], arm: str) -> str:
@@ -208,9 +275,32 @@ def truth_sentence(summary: dict[str, Any], arm: str) -> str:
                  f"{num(base.get('wrong', 0))})" if more else " (as many as the ordinary arm)")
     if not n_tasks:
         return text + "; no task had a wrong call."
-    return (text + f"; of its {num(n_tasks)} tasks with a wrong call, {num(tasks.get('recovered', 0))} recovered, "
-            f"{num(tasks.get('unrecovered', 0))} unrecovered and {num(tasks.get('unnoticed', 0))} never noticed "
-            "(no later call touched the files the wrong call changed).")
+    return (text + f"; of its {num(n_tasks)} tasks with a wrong call, {num(tasks.get('recovered', 0))} had the "
+            f"files repaired by a later call, {num(tasks.get('unrecovered', 0))} not repaired and "
+            f"{num(tasks.get('unnoticed', 0))} never noticed (no later call touched the files the wrong call changed).")
+
+
+def ranking_sentence(summary: dict[str, Any], best: str, arms: list[str]) -> str:
+    """Whether the arm with the largest mean saving is shown ahead of the others: only
+    the arm-against-arm table (Holm-corrected, live/comparisons.py) may say so."""
+    rows = (summary.get("comparisons") or {}).get("rows")
+    others = [a for a in arms if a != best]
+    if not others:
+        return ""
+    if not rows:
+        return ("This summary has no arm-against-arm comparison, so the order among the arms is not tested "
+                "(a larger mean is not a larger saving).")
+    ahead = set()
+    for r in rows:
+        if r.get("verdict") == "b faster" and r["b"] == best:
+            ahead.add(r["a"])
+        elif r.get("verdict") == "a faster" and r["a"] == best:
+            ahead.add(r["b"])
+    behind = [a for a in others if a not in ahead]
+    if not behind:
+        return f"The Holm-corrected paired comparisons show `{best}` faster than every other arm."
+    return (f"The Holm-corrected paired comparisons do not show `{best}` faster than "
+            + ", ".join(f"`{a}`" for a in behind) + ": the order among those arms is not established.")
 
 
 def headline(summary: dict[str, Any]) -> str:
@@ -231,6 +321,7 @@ def headline(summary: dict[str, Any]) -> str:
                ", though its CI does not exclude 0" if where(d) == "covers" else ", a loss whose CI lies below 0")
             + f"; its supplied tokens replaced {sec(t.get('D_s'))} s of decoding (D) over {num(t.get('tasks'))} "
               f"paired seeds, of which P and H took back {sec((t.get('P_s') or 0) + (t.get('H_s') or 0))} s.")
+    text += " " + ranking_sentence(summary, best, arms)
     costly = [a for a in arms if where(per[a].get("R_s_per_task")) == "above"]
     if costly:
         worst = max(costly, key=lambda a: per[a]["R_s_per_task"]["mean"])

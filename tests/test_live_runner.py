@@ -62,10 +62,11 @@ def test_summary_arithmetic_on_made_up_records() -> None:
     assert j["totals"]["net_s"] == pytest.approx(j["totals"]["D_s"] - j["totals"]["P_s"] - j["totals"]["H_s"]
                                                  - j["totals"]["R_s"], abs=1e-5)
     assert j["totals"]["net_s"] == pytest.approx(j["tts_s_saved_per_task"]["mean"], abs=1e-5)  # net is the measured saving
-    assert j["recovery"] == {**j["recovery"], "jump_interventions": 2, "wrong": 1, "frequency": 0.5,
-                             "tasks_with_wrong": 1, "recovered_tasks": 0}
-    assert j["wall_s_all"]["total"] == pytest.approx(6.0) and j["wall_s_success"]["n"] == 1
-    assert j["wall_s_saved_per_task"]["mean"] == pytest.approx(((3.0 - 2.0) + (2.0 - 4.0)) / 2)
+    assert j["recovery"] == {**j["recovery"], "jump_interventions": 2, "wrong": 1, "wrong_rate": 0.5,
+                             "tasks_with_wrong": 1, "recovered_tasks": 0, "unrecovered_tasks": 1}
+    assert j["wall_s_all"]["total"] == pytest.approx(6.0)
+    # no wall-time figure over successes only, nor a wall-time saving pairing failures (issue 40)
+    assert "wall_s_success" not in j and "wall_s_saved_per_task" not in j
     for key in ("net_s_per_task", "R_s_per_task"):
         ci = j[key]
         assert ci["lo"] <= ci["mean"] <= ci["hi"], key
@@ -111,7 +112,9 @@ def test_an_unrecovered_wrong_jump_is_charged_the_redo() -> None:
     acc = s["accounts"]["j"][0]
     # time to success: the failed attempt (0.35 s) and the ordinary redo (2.3 s)
     assert acc["unrecovered"] and acc["tts_s"] == pytest.approx(0.35 + 2.3)
-    assert acc["R_s"] == pytest.approx(0.85 + 0.35)  # D - P - H less the (negative) measured saving
+    # the wrong jump's tokens avoid no decoding (D = 0); P and H of its round stay:
+    # R = (0 - 0.045 - 0.005) less the (negative) measured saving -0.35
+    assert acc["D_s"] == 0 and acc["R_s"] == pytest.approx(-0.05 + 0.35)
     assert acc["net_s"] == pytest.approx(-0.35) and acc["net_s"] < 0
     assert s["per_arm"]["j"]["recovery"]["unrecovered_tasks"] == 1
 
@@ -141,7 +144,9 @@ def test_a_wrong_jump_whose_later_turns_are_fast_pays_its_true_cost() -> None:
                                         _turn(1.0, 0.2, 0.15, JUMPED, 11, 2, 5.0, right)])]
     acc = summarize(records, ["ordinary", "j"])["accounts"]["j"][0]
     assert acc["wrong"] == 1 and acc["saved_s"] == pytest.approx(2.4 - 1.9)
-    assert acc["R_s"] == pytest.approx(1.2)
+    # D credits the right jump only (0.9 s): the extra turn (1.2 s) less the 0.9 s the wrong
+    # jump's tokens are no longer credited with
+    assert acc["D_s"] == pytest.approx(0.9) and acc["R_s"] == pytest.approx(1.2 - 0.9)
     assert acc["net_s"] == pytest.approx(acc["saved_s"])
 
 
@@ -329,11 +334,9 @@ def test_two_tasks_two_arms_through_real_servers(live_run) -> None:
         assert s["status"] == {st: sum(r["status"] == st for r in recs) for st in {r["status"] for r in recs}}
         assert s["wall_s_all"]["n"] == 2  # failures and timeouts included
         assert s["wall_s_all"]["total"] == pytest.approx(sum(r["wall_s"] for r in recs), abs=1e-3)
-        assert s["wall_s_success"]["n"] == s["successes"]
         lo, hi = s["success_ci95"]
         assert 0 <= lo <= s["success_rate"] <= hi <= 1
-        assert s["wall_s_saved_per_task"]["lo"] <= s["wall_s_saved_per_task"]["mean"] <= s["wall_s_saved_per_task"]["hi"]
-        for key in ("net_s_per_task", "tts_s_saved_per_task", "R_s_per_task"):
+        for key in ("net_s_per_task", "tts_s_saved_per_task", "R_s_per_task", "gain_s_per_task"):
             # over the seeds both arms solved within the retry budget; none: all pairs unsolved
             assert s[key]["n"] == s["totals"]["tasks"] == s["paired_seeds"] - s["unsolved_pairs"], key
             if s[key]["n"]:

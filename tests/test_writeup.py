@@ -58,12 +58,13 @@ def test_write_up_of_a_real_run(live_run, tmp_path) -> None:
         assert _row(page, arm) == [
             arm, f"{s['successes']}/{s['tasks']} ({lo:.2f} to {hi:.2f})",
             *(f"{t[k]:.2f}" for k in ("D_s", "P_s", "H_s", "R_s", "net_s")),
-            _ci(s["tts_s_saved_per_task"]), _ci(s["R_s_per_task"]), _ci(s["net_s_per_task"]),
+            _ci(s["gain_s_per_task"]), _ci(s["tts_s_saved_per_task"]), _ci(s["R_s_per_task"]), _ci(s["net_s_per_task"]),
             f"{t['tasks']} ({s['unsolved_pairs']})", f"{rec['jump_interventions']} ({rec['wrong']})"]
     command = summary["run"]["command"]
     assert command.startswith("jumpahead live ") and f"--out {out}" in command
-    # every table and figure states the command that made the run
-    assert page.count(f"Run: `{command}`") == 4 + len(FIGURES)
+    # every table and figure states the command that made the run (the arm-against-arm table included)
+    assert summary["comparisons"]["rows"]
+    assert page.count(f"Run: `{command}`") == 5 + len(FIGURES)
     for name in FIGURES:
         svg = folder / f"{name}.svg"
         assert f"]({folder.name}/{name}.svg)" in page
@@ -77,7 +78,7 @@ def test_write_up_of_a_real_run(live_run, tmp_path) -> None:
     second = tmp_path / "b" / "research.md"
     second.parent.mkdir()
     paths = build(out, second)
-    assert set(paths) == {"page", "summary", *FIGURES}
+    assert set(paths) == {"page", "summary", "records", *FIGURES}  # the raw records kept beside the page
     for path in paths.values():
         twin = first.parent / path.relative_to(second.parent)
         assert path.read_bytes() == twin.read_bytes(), path.name
@@ -159,12 +160,18 @@ def test_sentences_that_compare_arms_follow_the_data() -> None:
     s["per_arm"]["jump"]["tts_s_saved_per_task"] = {"mean": -0.3, "lo": -0.5, "hi": -0.1, "n": 4}
     assert "is slower to success" in wt.saving_sentence(s, "jump")
 
-    # break-even: a recovery frequency below, then above, the break-even frequency
+    # break-even: a wrong-jump rate below the break-even rate with the intervals apart, then
+    # below it with the intervals overlapping (no claim), then above it
     s = copy.deepcopy(base)
-    s["per_arm"]["jump"]["recovery"].update(wrong=1, frequency=0.25, breakeven_frequency=0.4, cost_per_recovery_s=2.0)
-    assert "below the break-even frequency 0.400" in wt.breakeven_sentence(s, "jump")
-    s["per_arm"]["jump"]["recovery"].update(frequency=0.5)
-    assert "at or above the break-even frequency 0.400" in wt.breakeven_sentence(s, "jump")
+    s["per_arm"]["jump"]["recovery"].update(wrong=1, wrong_rate=0.25, wrong_rate_ci95=[0.1, 0.3],
+                                            breakeven_frequency=0.4, breakeven_ci95=[0.35, 0.5],
+                                            cost_per_recovery_s=2.0)
+    assert "below the break-even rate 0.400 (0.350 to 0.500)" in wt.breakeven_sentence(s, "jump")
+    assert "the jumps save more than their wrong ones cost" in wt.breakeven_sentence(s, "jump")
+    s["per_arm"]["jump"]["recovery"].update(wrong_rate_ci95=[0.1, 0.45])
+    assert "the intervals overlap: this run does not show" in wt.breakeven_sentence(s, "jump")
+    s["per_arm"]["jump"]["recovery"].update(wrong_rate=0.5, wrong_rate_ci95=[0.3, 0.7])
+    assert "at or above the break-even rate 0.400" in wt.breakeven_sentence(s, "jump")
     assert wt.breakeven_sentence(s, "ordinary") is None  # no jumps: nothing to compare
 
 

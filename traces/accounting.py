@@ -4,7 +4,11 @@ Forced replay (traces/replay.py) and live runs (live/summary.py) both price thei
 interventions here, so each quantity has one definition:
 
 - plain_s: the ordinary arm's seconds per one-token decode round.
-- D (decode avoided) = the intervention's correct supplied tokens x plain_s.
+- D (decode avoided) = the intervention's correct supplied tokens x plain_s. Correct:
+  tokens an exact method supplied (the model accepted each one), and the tokens of an
+  unverified jump up to where it is wrong (`correct_tokens`). A wrong jump avoids no
+  decoding: its tokens are redone or they broke the task; the rounds that carried them
+  still cost P, and what followed from them is R.
 - P (carrying them) = what the rounds that carried supplied tokens took beyond a plain
   round, less their proposer time.
 - H (proposing) = proposer time in those rounds, plus hook time where a run has it.
@@ -50,6 +54,16 @@ def price(good_tokens: int, carried_round_s: Sequence[float], carried_propose_s:
     propose = sum(carried_propose_s)
     p = sum(carried_round_s) - plain_s * len(carried_round_s) - propose
     return DPH(good_tokens * plain_s, p, propose + other_s)
+
+
+def correct_tokens(supplied: int, wrong_at: int | None) -> int:
+    """Of `supplied` tokens, those before the first wrong one (`wrong_at`: its offset
+    from the first supplied token, 0 for a run wrong from its start; None: all right).
+    Forced replay knows the offset (where the record diverges); a live run judges a jump
+    by its call's effect (ground truth), so a wrong live jump counts 0."""
+    if wrong_at is None:
+        return supplied
+    return max(0, min(supplied, wrong_at))
 
 
 def time_to_success(model_s: float, success: bool, ordinary_model_s: float | None, ordinary_success: bool,
