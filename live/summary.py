@@ -517,7 +517,8 @@ NOTES = [
     "unrecovered: one that failed",
     "wrong jumps: a `mistaken` label, or the call the jump supplied is wrong by ground truth (per call: the "
     "record's calls_done, or the turn's only call; jumps in a turn of several calls without it are "
-    "`unattributed`); wrong_rate = wrong / jumps with a Wilson interval; cost per recovery = R of tasks with a "
+    "`unattributed`); wrong_rate = wrong / jumps with a Wilson interval (which takes jumps as independent: "
+    "jumps of one task may not be); cost per recovery = R of tasks with a "
     "wrong jump / their wrong jumps; breakeven_frequency = (D - P - H) / (jumps x cost per recovery); both with "
     "bootstrap intervals over tasks",
     "versus: each arm X+Y against arm X of the same run, paired by seed: time to success saved over the seeds "

@@ -372,8 +372,10 @@ def build(run: Path, out: Path) -> dict[str, Path]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", required=True, metavar="DIR",
-                        help="a `jumpahead live` output folder (its summary.json), or a summary JSON file "
-                             "(e.g. docs/research/summary.json to rebuild from the copy)")
+                        help="a `jumpahead live` output folder (its summary.json; where it keeps tasks.jsonl, "
+                             "the summary is rebuilt from those raw records with the current code), or a summary "
+                             "JSON file (e.g. docs/research/summary.json: rebuilt from the tasks.jsonl.gz beside it "
+                             "where there is one)")
     parser.add_argument("--out", default=DEFAULT_OUT, metavar="FILE.md",
                         help=f"the page to write; figures and the summary copy go to the folder of its name "
                              f"(default: {DEFAULT_OUT}, docs/research/)")
