@@ -182,7 +182,7 @@ def attach_drafter(engine: Any, spec: str, explicit_methods: bool) -> str | None
     auto = spec == "auto"
     path = None if spec in (None, "", "none", "off") else Path(spec)
     if auto:
-        adapter = getattr(engine.info, "adapter", None)
+        adapter = engine.info.adapter
         path = adapter_drafter_path(adapter) if adapter and adapter_drafter_path(adapter).is_dir() \
             else default_drafter_path()
     if path is not None and (not auto or path.is_dir()):  # auto: only where the shipped one exists
@@ -196,7 +196,7 @@ def attach_drafter(engine: Any, spec: str, explicit_methods: bool) -> str | None
     pays = False
     if engine.drafter is not None:
         pays, why = measured_pays(getattr(engine.drafter.drafter, "measurement", None),
-                                  getattr(engine.info, "adapter_digest", None))
+                                  engine.info.adapter_digest)
         log.info("drafter %s by default: %s", "on" if pays and not explicit_methods else "off", why)
     return _default_method(engine, "drafter", engine.drafter is not None, pays and not explicit_methods,
                            "--methods drafter needs a drafter (--drafter PATH)")
@@ -221,7 +221,7 @@ def attach_mtp(engine: Any, spec: str, explicit_methods: bool) -> str | None:
     pays, why = False, ""
     if engine.mtp is not None:
         pays, why = measured_pays(getattr(engine.mtp.head, "measurement", None),
-                                  getattr(engine.info, "adapter_digest", None))
+                                  engine.info.adapter_digest)
     problem = _default_method(engine, "mtp", engine.mtp is not None, pays and not explicit_methods,
                               "--methods mtp needs a checkpoint with mtp.* weights (--mtp PATH)")
     if engine.mtp is not None:

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace, policy_specs: list, trace_dir: str | None, acc
 
     from jumpahead.traces.analysis import load_tokenizer
 
-    from jumpahead.proxy.upstream.engine import UpstreamEngine, UpstreamHooks
+    from jumpahead.proxy.upstream.engine import UpstreamEngine
 
     try:
         tokenizer = load_tokenizer(args.model)
@@ -129,7 +129,6 @@ def run(args: argparse.Namespace, policy_specs: list, trace_dir: str | None, acc
         hooks.append(TraceRecorder.for_engine(trace_dir, engine, server={"upstream": engine.urls,
                                                                          "routing": config.routing}))
         log.info("recording traces in %s", trace_dir)
-    hooks.append(UpstreamHooks())
     try:
         app = create_app(engine, script=script, hooks=hooks, access=access,
                          **({"max_body_bytes": args.max_body_bytes} if getattr(args, "max_body_bytes", None) else {}))

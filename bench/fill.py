@@ -156,7 +156,7 @@ def run_tool_call_arm(
     c, s, d = summary["constrained"], summary["strict"], summary["defaults"]
     out: dict[str, Any] = {
         "bench": "fill.tool_call",
-        "model": getattr(engine.info, "name", None),
+        "model": engine.info.name,
         "turns": len(turns),
         "repeats": repeats,
         "max_tokens": max_tokens,

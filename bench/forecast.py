@@ -88,6 +88,7 @@ def batches_of(per_session: list[list[dict[str, Any]]], size: int, count: int) -
 async def _run_batch(engine: "Engine", batch: list[dict[str, Any]], arm: str, budget: int) -> dict[str, Any]:
     from jumpahead.engine.methods import SERVER_DEFAULT
     from jumpahead.core.exchange import Exchange
+    from jumpahead.core.options import RequestOptions
     from jumpahead.core.runner import complete_turn, prepare_turn
 
     prepared = []
@@ -95,7 +96,7 @@ async def _run_batch(engine: "Engine", batch: list[dict[str, Any]], arm: str, bu
         plan = item["plan"]
         turn = copy.deepcopy(plan.turn)
         turn.max_tokens = min(budget, engine.context_length - len(plan.prompt) - 1)
-        turn.extra = {**turn.extra, "jumpahead": {"methods": ["none"] if arm == "off" else list(SERVER_DEFAULT)}}
+        turn.options = RequestOptions(methods=("none",) if arm == "off" else tuple(SERVER_DEFAULT))
         p = await asyncio.to_thread(prepare_turn, engine, turn, None, Exchange(protocol="chat"), [])
         # the agent's request carries its whole history: the lengths come from it
         p.request.recent_lengths = list(item["lengths"]) if arm == "forecast" else []

@@ -2,11 +2,11 @@
 
 Claude Code sends `context_management` on every request. The edits the API defines
 (`clear_tool_uses_20250919`, `clear_thinking_20251015`) are parsed here into plain
-dicts with every default filled in (`turn.extra["context_edits"]`); the policy runtime
+dicts with every default filled in (`Turn.context_edits`); the policy runtime
 applies them as sticky rewrites (policies/context_edits.py), so a tool use cleared at
 turn n stays cleared, byte for byte, at n+1 and the prefix cache keeps hitting. What
 was applied comes back as `context_management.applied_edits` (the message, or the
-stream's final message_delta), read from `usage.fill["context_edits"]`, where the
+stream's final message_delta), read from `usage.report.context_edits`, where the
 runtime reports it with the details (which messages, the tokens of each edit).
 
 A malformed edit is a 400 naming the field; an edit type this server does not know
@@ -26,8 +26,6 @@ log = logging.getLogger(__name__)
 
 CLEAR_TOOL_USES = "clear_tool_uses_20250919"
 CLEAR_THINKING = "clear_thinking_20251015"
-# usage.fill key of the applied edits (set by the policy runtime; traces record it too)
-FILL_KEY = "context_edits"
 APPLIED_FIELDS = ("type", "cleared_tool_uses", "cleared_thinking_turns", "cleared_input_tokens")
 DEFAULT_TRIGGER = 100_000  # input tokens (the API's default)
 DEFAULT_KEEP_TOOL_USES = 3
@@ -130,9 +128,9 @@ def parse_context_management(value: Any) -> list[dict[str, Any]]:
 
 def applied_edits(usage: Usage) -> dict[str, Any] | None:
     """The answer's `context_management` (None when the request sent none): what the
-    policy runtime applied, as it put it into `usage.fill` (`{"applied_edits": []}`
+    policy runtime applied, as it put it into `usage.report` (`{"applied_edits": []}`
     where nothing was cleared)."""
-    report = (usage.fill or {}).get(FILL_KEY)
+    report = usage.report.context_edits
     if not isinstance(report, dict):
         return None
     return {"applied_edits": [{k: e[k] for k in APPLIED_FIELDS if k in e} for e in report.get("applied_edits", [])]}

@@ -98,7 +98,7 @@ def continues_final_message(turn: Turn) -> bool:
     """The output continues the last (assistant) message instead of starting a new one."""
     last = turn.messages[-1] if turn.messages else None
     return bool(
-        turn.extra.get("continue_final_message") and last is not None and last.role == "assistant"
+        turn.continue_final and last is not None and last.role == "assistant"
         and not last.tool_calls
     )
 

@@ -70,23 +70,6 @@ def validate_request(engine: Engine, request: GenerationRequest) -> None:
         raise invalid_request(str(exc), code="context_length_exceeded" if "context" in str(exc) else None) from exc
 
 
-def request_methods(turn: Turn) -> list[str]:
-    """Proposal methods asked for in the request's `jumpahead` object (any protocol):
-    `{"jumpahead": {"methods": ["echo", "ngram", "draft", "strict"]}}`; none means the
-    server's defaults (`serve --methods`)."""
-    options = turn.extra.get("jumpahead")
-    if options is None:
-        return []
-    if not isinstance(options, dict):
-        raise invalid_request("'jumpahead' must be an object", param="jumpahead")
-    methods = options.get("methods", [])
-    if isinstance(methods, str):
-        methods = [methods]
-    if not isinstance(methods, list) or not all(isinstance(m, str) for m in methods):
-        raise invalid_request("'jumpahead.methods' must be a list of method names", param="jumpahead.methods")
-    return list(methods)
-
-
 def prepare_turn(engine: Engine, turn: Turn, exchange: Exchange | None = None,
                  hooks: list[Any] | None = None) -> PreparedTurn:
     """Render and validate. Raises APIError(400) for a Turn the model cannot run.
@@ -105,6 +88,8 @@ def prepare_turn(engine: Engine, turn: Turn, exchange: Exchange | None = None,
     if exchange is not None:
         exchange.turn = turn
     prepared = _prepare(engine, turn)
+    prepared.request.turn = turn  # the Turn after policies: what an upstream engine sends on
+    prepared.request.session_id = exchange.session_id if exchange is not None else ""
     prepared.exchange = exchange
     prepared.hooks = hooks
     # The first hook that takes the output sets the row's prompt and proposers and
@@ -136,12 +121,12 @@ def _prepare(engine: Engine, turn: Turn) -> PreparedTurn:
     prompt = render_prompt(tokenizer, turn)
     max_tokens = turn.max_tokens if turn.max_tokens is not None else engine.context_length
     request = GenerationRequest(prompt=prompt, sampling=turn.sampling, max_tokens=max_tokens, stop=list(turn.stop),
-                                methods=request_methods(turn), logprobs=turn.logprobs)
+                                methods=list(turn.options.methods), logprobs=turn.logprobs)
     tools = turn.tools if turn.tools_enabled else None
     in_reasoning = prompt_opens_reasoning(tokenizer, prompt)
     # parallel_tool_calls false: at most one call (under tool_choice required/named the
     # grammar already allows one; under auto the parser ends the turn after the first)
-    max_calls = 1 if tools and turn.extra.get("parallel_tool_calls") is False else None
+    max_calls = 1 if tools and turn.parallel_tool_calls is False else None
     parser = OutputParser.for_tokenizer(tokenizer, tools, in_reasoning=in_reasoning, max_calls=max_calls)
     prefix_events: list[OutputEvent] = []
     if continues_final_message(turn):
@@ -150,20 +135,6 @@ def _prepare(engine: Engine, turn: Turn) -> PreparedTurn:
         prefix_events = [e for e in parser.feed(turn.messages[-1].content or "")
                          if isinstance(e, (ToolCallStart, ToolCallArgs))]
     return PreparedTurn(turn, request, parser, prefix_events=prefix_events, in_reasoning=in_reasoning)
-
-
-def _format_grammar(fmt: Any) -> dict | None:
-    """A response format (OpenAI `response_format`, Responses `text.format`, Anthropic
-    `output_config.format`) as an engine grammar; None for text or unknown shapes."""
-    if not isinstance(fmt, dict):
-        return None
-    if fmt.get("type") == "json_object":
-        return {"type": "json_object"}
-    if fmt.get("type") == "json_schema":
-        spec = fmt.get("json_schema") if isinstance(fmt.get("json_schema"), dict) else fmt
-        if isinstance(spec.get("schema"), dict):
-            return {"type": "json_schema", "schema": spec["schema"], "strict": spec.get("strict") is not False}
-    return None
 
 
 def strict_fill_fields(tokenizer: Any, turn: Turn, tools: list | None, in_reasoning: bool) -> tuple[dict | None, list[dict] | None]:
@@ -186,32 +157,14 @@ def strict_fill_fields(tokenizer: Any, turn: Turn, tools: list | None, in_reason
         grammar = {"type": "tool_calls", "family": family.name, "tools": tool_dicts,
                    # one call unless the client asks for more: a weak model allowed "one or
                    # more" keeps adding calls (OpenAI's default is true; agents use auto)
-                   "parallel": turn.extra.get("parallel_tool_calls") is True}
+                   "parallel": turn.parallel_tool_calls is True}
         if mode == "function" and turn.tool_choice.name:
             grammar["name"] = turn.tool_choice.name
-        count = _call_count(turn)
-        if count is not None:
-            grammar["count"] = count
-    else:
-        extra = turn.extra
-        fmt = extra.get("response_format")
-        if fmt is None and isinstance(extra.get("text"), dict):
-            fmt = extra["text"].get("format")
-        if fmt is None and isinstance(extra.get("output_config"), dict):
-            fmt = extra["output_config"].get("format")
-        grammar = _format_grammar(fmt)
+        if turn.options.tool_calls is not None:
+            grammar["count"] = turn.options.tool_calls
+    elif turn.response_format is not None:
+        grammar = turn.response_format.grammar()
     return grammar, tool_dicts
-
-
-def _call_count(turn: Turn) -> int | None:
-    """`{"jumpahead": {"tool_calls": N}}`: exactly N calls under tool_choice required/named."""
-    options = turn.extra.get("jumpahead")
-    count = options.get("tool_calls") if isinstance(options, dict) else None
-    if count is None:
-        return None
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 64:
-        raise invalid_request("'jumpahead.tool_calls' must be an integer from 1 to 64", param="jumpahead.tool_calls")
-    return count
 
 
 async def prepare_turn_async(engine: Engine, turn: Turn, exchange: Exchange | None = None,

@@ -45,16 +45,16 @@ def _metadata_session(body: Mapping[str, Any]) -> str | None:
     return None
 
 
-def client_session_id(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
-    """The session id the client sent, if any (headers are matched case-insensitively)."""
+def client_session_id(headers: Mapping[str, str], body: Mapping[str, Any], asked: str | None = None) -> str | None:
+    """The session id the client sent, if any (headers are matched case-insensitively);
+    `asked`: the request's `jumpahead.session`."""
     lower = {k.lower(): v for k, v in headers.items()}
     for name in SESSION_HEADERS:
         value = lower.get(name)
         if value and value.strip():
             return value.strip()
-    options = body.get("jumpahead")
-    if isinstance(options, dict) and isinstance(options.get("session"), str) and options["session"]:
-        return options["session"]
+    if asked:
+        return asked
     found = _metadata_session(body)
     if found:
         return found
@@ -81,7 +81,7 @@ def conversation_session_id(turn: Any) -> str:
 
 
 def session_id(headers: Mapping[str, str], body: Mapping[str, Any], turn: Any) -> str:
-    return client_session_id(headers, body) or conversation_session_id(turn)
+    return client_session_id(headers, body, turn.options.session) or conversation_session_id(turn)
 
 
 def safe_file_stem(session: str, limit: int = 96) -> str:

@@ -15,6 +15,8 @@ import orjson
 
 from jumpahead.engine.types import SamplingParams
 
+from .options import RequestOptions
+
 Role = Literal["system", "user", "assistant", "tool"]
 ToolChoiceMode = Literal["auto", "none", "required", "function"]
 TurnFinish = Literal["stop", "length", "tool_calls", "error", "cancelled"]
@@ -100,6 +102,43 @@ class ToolChoice:
     name: str | None = None  # mode == "function": the tool that must be called
 
 
+@dataclass(frozen=True)
+class ResponseFormat:
+    """A JSON answer the client asked for (chat `response_format`, Responses
+    `text.format`, Anthropic `output_config.format`): strict fill's grammar."""
+
+    kind: Literal["json_object", "json_schema"]
+    schema: dict[str, Any] | None = None  # json_schema only
+    strict: bool = True
+    name: str = "response"
+
+    @classmethod
+    def from_wire(cls, fmt: Any) -> ResponseFormat | None:
+        """Any of the three protocols' format objects; None for text or unknown shapes."""
+        if not isinstance(fmt, dict):
+            return None
+        if fmt.get("type") == "json_object":
+            return cls("json_object")
+        if fmt.get("type") == "json_schema":
+            spec = fmt.get("json_schema") if isinstance(fmt.get("json_schema"), dict) else fmt
+            if isinstance(spec.get("schema"), dict):
+                name = spec.get("name") if isinstance(spec.get("name"), str) and spec.get("name") else "response"
+                return cls("json_schema", spec["schema"], spec.get("strict") is not False, name)
+        return None
+
+    def grammar(self) -> dict[str, Any]:
+        """The engine grammar (engine/strict.py) that holds the answer to this format."""
+        if self.kind == "json_object":
+            return {"type": "json_object"}
+        return {"type": "json_schema", "schema": self.schema, "strict": self.strict}
+
+    def as_openai(self) -> dict[str, Any]:
+        """Chat's `response_format` (what an upstream engine is sent)."""
+        if self.kind == "json_object":
+            return {"type": "json_object"}
+        return {"type": "json_schema", "json_schema": {"name": self.name, "schema": self.schema, "strict": self.strict}}
+
+
 @dataclass
 class Turn:
     """One request for the model's next assistant message."""
@@ -117,7 +156,20 @@ class Turn:
     # Logprobs of the content tokens (core/logprobs.py): None = not asked; N = with
     # the N most likely alternatives per token.
     logprobs: int | None = None
-    # Protocol fields kept for traces and policies (e.g. reasoning_effort, metadata).
+    # The request's `jumpahead` object (core/options.py), parsed once by the adapter.
+    options: RequestOptions = field(default_factory=RequestOptions)
+    response_format: ResponseFormat | None = None  # a JSON answer asked for
+    # The protocol's parallel-calls switch (chat `parallel_tool_calls`, Anthropic
+    # `disable_parallel_tool_use` negated); None: not said.
+    parallel_tool_calls: bool | None = None
+    # The answer continues the last assistant message (Anthropic prefill, chat
+    # `continue_final_message`) instead of starting a new one.
+    continue_final: bool = False
+    # Anthropic `context_management` edits with their defaults filled in
+    # (core/context_edits.py), applied by the policy runtime; None: not asked.
+    context_edits: list[dict[str, Any]] | None = None
+    # Protocol fields passed through for traces, policies and an upstream engine
+    # (reasoning_effort, metadata, ...); nothing here drives behaviour.
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -126,11 +178,31 @@ class Turn:
 
 
 @dataclass
+class TurnReport:
+    """What jumpahead did to a turn besides generating it, for the client: the adapters
+    send it as `usage.report`, beside the engine's own telemetry `usage.fill`."""
+
+    # The policy runtime's report (policies/runtime.py): active policies, their hook
+    # and watch time, errors, and the interventions with what each supplied.
+    policies: dict[str, Any] | None = None
+    # The Anthropic context edits the policy runtime applied (policies/context_edits.py);
+    # the Messages adapter answers `context_management.applied_edits` from it.
+    context_edits: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any] | None:
+        out = {k: v for k, v in (("policies", self.policies), ("context_edits", self.context_edits)) if v is not None}
+        return out or None
+
+
+@dataclass
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the engine's prefix cache
-    fill: dict | None = None  # the engine's usage.fill telemetry (tokens by kind, ...)
+    fill: dict | None = None  # the engine's telemetry (engine/fill_report.py: tokens by kind, rounds, ...)
+    # The turn's report (the same object from TurnEnd to the collected output, so a hook
+    # that writes it after the turn reaches the wire's last event).
+    report: TurnReport = field(default_factory=TurnReport)
 
     @property
     def total_tokens(self) -> int:

@@ -39,7 +39,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
 from .cache_layout import single_row
 from .model_runner import ModelRunner
-from .proposal import Proposal, RowView
+from .proposal import DraftsInGroup, Proposal, ReleasesRow, RowView
 from .round_group import RoundGroup, group_member
 from .row_cache import STEP
 
@@ -126,7 +126,7 @@ class DraftModel:
 
     @property
     def name(self) -> str:
-        return getattr(self.info, "name", None) or "draft"
+        return self.info.name or "draft"
 
     def check_compatible(self, target_tokenizer: Any) -> None:
         """Raise DraftModelError when the draft's tokenizer is not the target's family."""
@@ -373,7 +373,7 @@ class DraftModelGroup(RoundGroup):
         return {"kv": self.cache.segment(b, 0, n), "length": mx.array([n], dtype=mx.int32)}
 
 
-class DraftProposer:
+class DraftProposer(DraftsInGroup, ReleasesRow):
     """Per-row draft proposals (verified, kind "draft"); the row's draft state lives in
     the shared DraftModelGroup. k adapts to the row's acceptance, and a row the draft
     keeps missing rests a few rounds."""

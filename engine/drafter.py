@@ -30,7 +30,7 @@ import mlx.core as mx  # the jumpahead.engine package has loaded OpenBLAS by now
 import mlx.nn as nn
 import numpy as np
 
-from .proposal import AdaptiveLength, Proposal, RowView
+from .proposal import AdaptiveLength, DraftsInGroup, Proposal, RowView
 
 DRAFTER_VERSION = 1
 WEIGHTS = "drafter.safetensors"
@@ -203,7 +203,7 @@ class DraftGroup:
         return self.results.pop(id(proposer))[:k]
 
 
-class DrafterProposer(AdaptiveLength):
+class DrafterProposer(AdaptiveLength, DraftsInGroup):
     """Per-row proposals (verified, kind "drafter") from the shared DraftGroup; the
     length adapts to the row's acceptance, and a row the drafter keeps missing rests."""
 

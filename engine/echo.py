@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Sequence
 
-from .proposal import Proposal, RowView
+from .proposal import Peeks, Proposal, RowView
 
 
 class KGramIndex:
@@ -45,7 +45,7 @@ class KGramIndex:
         return None
 
 
-class EchoProposer:
+class EchoProposer(Peeks):
     name = "echo"
     MIN_MATCH = 2
     MAX_MATCH = 8

@@ -26,18 +26,17 @@ from .row import Row
 from .sampler import RowSampler
 from .scheduler import Scheduler, SchedulerConfig
 from .threads import join_fully
-from .types import EngineError, GenerationRequest, TokenChunk
+from .types import EngineError, GenerationRequest, ServedModel, TokenChunk
 
 log = logging.getLogger("jumpahead.engine")
 
 
-def _adapter_health(info: Any) -> dict[str, Any] | None:
+def _adapter_health(info: ServedModel) -> dict[str, Any] | None:
     """/health's account of a fused LoRA adapter (None: the base model)."""
-    path = getattr(info, "adapter", None)
+    path = info.adapter
     if not path:
         return None
-    return {"path": str(path), "name": path.rstrip("/").rsplit("/", 1)[-1],
-            "digest": getattr(info, "adapter_digest", None)}
+    return {"path": str(path), "name": path.rstrip("/").rsplit("/", 1)[-1], "digest": info.adapter_digest}
 
 
 @dataclass
@@ -73,7 +72,7 @@ class EngineConfig:
 
 
 class Engine:
-    def __init__(self, model: Any, tokenizer: Any, info: Any, config: EngineConfig | None = None):
+    def __init__(self, model: Any, tokenizer: Any, info: ServedModel, config: EngineConfig | None = None):
         self.config = config or EngineConfig()
         if self.config.max_batch < 1:
             raise ValueError("max_batch must be >= 1")
@@ -185,7 +184,7 @@ class Engine:
 
         nextn = model_type(self.model) in NEXTN_MODEL_TYPES
         if spec == "auto":
-            folder = getattr(self.info, "path", None)
+            folder = self.info.path
             if not folder:
                 return
             if not (nextn and read_nextn_weights(folder, nextn_prefix(self.model)) is not None or
@@ -239,8 +238,8 @@ class Engine:
         ssd = None
         if c.prefix_cache_ssd:
             # an adapter fused into the weights is part of the model's identity
-            name = str(getattr(self.info, "cache_name", None) or getattr(self.info, "name", None) or "model")
-            digest = getattr(self.info, "adapter_digest", None)
+            name = self.info.cache_name or "model"
+            digest = self.info.adapter_digest
             # a KV format's prefixes get their own folder (another format's are foreign)
             folder = name + (f"-kv-{c.kv_format.name}" if c.kv_format else "")
             directory = c.prefix_cache_dir or default_cache_root() / model_dir_name(folder)
@@ -277,7 +276,7 @@ class Engine:
     def validate(self, req: GenerationRequest) -> None:
         if not req.prompt:
             raise EngineError("the prompt renders to no tokens")
-        vocab = self.info.vocab_size if hasattr(self.info, "vocab_size") else None
+        vocab = self.info.vocab_size
         if vocab and any(t < 0 or t >= vocab for t in req.prompt):
             raise EngineError("prompt token id out of the vocabulary range")
         if len(req.prompt) >= self.context_length:
@@ -402,7 +401,7 @@ class Engine:
         s = self.scheduler
         return {
             "status": "ok" if self._thread.is_alive() else "engine thread stopped",
-            "model": getattr(self.info, "name", None),
+            "model": self.info.name,
             "adapter": _adapter_health(self.info),
             # the trained drafter head loaded for method "drafter" (its folder), or None
             "drafter": getattr(self.drafter.drafter, "folder", None) if self.drafter is not None else None,

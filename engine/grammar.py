@@ -43,7 +43,7 @@ from typing import Any, Sequence
 import numpy as np
 import xgrammar as xg
 
-from .proposal import Proposal, RowView
+from .proposal import Proposal, RowView, Wrapper
 from .types import EngineError
 
 log = logging.getLogger("jumpahead.engine")
@@ -299,7 +299,7 @@ class JumpForwardProposer:
         pass
 
 
-class ConstrainedProposer:
+class ConstrainedProposer(Wrapper):
     """Wraps a proposer for a constrained row: its tokens are cut to the prefix the
     grammar accepts. Asserted tokens must never break the grammar; verified ones would
     be rejected there anyway (their sampling is masked), so the cut only saves width."""

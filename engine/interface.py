@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, AsyncIterator, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from .types import GenerationRequest, TokenChunk
+    from .types import GenerationRequest, ServedModel, TokenChunk
 
 
 @runtime_checkable
@@ -20,7 +20,7 @@ class Engine(Protocol):
     """An engine the server can serve from."""
 
     tokenizer: Any  # the serving model's tokenizer (encode, decode, chat template, eos_token_ids)
-    info: Any  # the model's identity: `name`, `path`, `vocab_size` (None: unknown)
+    info: "ServedModel"  # the model's identity (a local engine's is the loader's ModelInfo)
     context_length: int  # the model's window in tokens
     started_at: float  # time.time() at start (/v1/models `created`, /health uptime)
 

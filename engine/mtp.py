@@ -45,7 +45,7 @@ import mlx.core as mx  # the jumpahead.engine package has loaded OpenBLAS by now
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
-from .proposal import AdaptiveLength, Proposal, RowView
+from .proposal import AdaptiveLength, ObservesHidden, Proposal, RowView
 
 log = logging.getLogger("jumpahead.engine")
 
@@ -316,7 +316,7 @@ class Mtp:
         return mx.concatenate(out, axis=1)[0].tolist()
 
 
-class MtpProposer(AdaptiveLength):
+class MtpProposer(AdaptiveLength, ObservesHidden):
     """Verified proposals of kind "mtp" for one row, from its own MtpCache; the length
     adapts to the row's acceptance as the drafter's does, and a row it keeps missing rests."""
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from .proposal import Proposal, RowView
+from .proposal import DraftsInGroup, Proposal, ReleasesRow, RowView
 from .round_group import RoundGroup
 from .row_cache import LayerCache, RowKVCache
 
@@ -209,7 +209,7 @@ class MtpGroup(RoundGroup):
                 self.results[id(p)] = rows[b]
 
 
-class GroupedMtpProposer(MtpProposer):
+class GroupedMtpProposer(MtpProposer, DraftsInGroup, ReleasesRow):
     """A row's MTP proposals from the shared MtpGroup (the length adapts, a row the
     layer keeps missing rests, as MtpProposer's)."""
 

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 from .methods import ASSERTED_KINDS, VERIFIED_KINDS  # from the method registry (engine/methods.py)
 from .types import TokenKind
 
-__all__ = ["ASSERTED_KINDS", "VERIFIED_KINDS", "Constraint", "Proposal", "ProposalStats", "Proposer", "RowView"]
+__all__ = ["ASSERTED_KINDS", "VERIFIED_KINDS", "Constraint", "DraftsInGroup", "ObservesHidden", "Peeks", "Proposal",
+           "ProposalStats", "Proposer", "ReleasesRow", "RowView", "Wrapper", "unwrapped"]
 
 
 @dataclass
@@ -67,11 +68,53 @@ class Proposer(Protocol):
     def feedback(self, proposal: Proposal, accepted: int) -> None: ...
 
 
+# --- what a proposer may do besides proposing -----------------------------------------
+# Each optional capability is a class the proposer subclasses, and the scheduler asks
+# with isinstance: what a proposer can do is declared where it is written, not found
+# by probing its attributes.
+
+
+class Wrapper:
+    """Wraps another proposer (a constrained row's, engine/grammar.py; replay's timer,
+    traces/forcing.py): per-row state, groups and hooks live on `inner`."""
+
+    inner: Any
+
+
+class Peeks:
+    """Says what it would propose without being asked (echo): the scheduler weighs a
+    copy against a grouped draft before the group drafts for the row."""
+
+    def peek(self, view: RowView, max_len: int) -> Proposal | None:
+        raise NotImplementedError
+
+
+class DraftsInGroup:
+    """Drafts in a round group batched over the rows (draft model, drafter, MTP:
+    engine/round_group.py); `k` is its current draft length."""
+
+    round_group: Any  # engine/round_group.py RoundGroup (or the drafter's DraftGroup)
+    k: int
+
+
+class ReleasesRow:
+    """Keeps per-row state outside the row (a slot in a group's batched cache), freed
+    when the row leaves."""
+
+    def release_row(self) -> None:
+        raise NotImplementedError
+
+
+class ObservesHidden:
+    """Reads the target's hidden state at every consumed input (MTP, engine/mtp.py)."""
+
+    def observe_hidden(self, position: int, hidden: Any) -> None:
+        raise NotImplementedError
+
+
 def unwrapped(proposer: Any) -> Any:
-    """The proposer itself under a constrained row's wrapper (engine/grammar.py
-    ConstrainedProposer keeps it as `inner`): where per-row state, groups and hooks
-    (`round_group`, `release_row`, `observe_hidden`) live."""
-    return getattr(proposer, "inner", proposer)
+    """The proposer itself under a wrapper: where per-row state, groups and hooks live."""
+    return proposer.inner if isinstance(proposer, Wrapper) else proposer
 
 
 class AdaptiveLength:

@@ -69,9 +69,9 @@ class RoundGroup:
 
 def group_member(row: Any, group: RoundGroup) -> Any:
     """The row's proposer that drafts in `group` (under a constrained row's wrapper), or None."""
-    from .proposal import unwrapped
+    from .proposal import DraftsInGroup, unwrapped
 
     for p in map(unwrapped, row.proposers):
-        if getattr(p, "round_group", None) is group:
+        if isinstance(p, DraftsInGroup) and p.round_group is group:
             return p
     return None

@@ -22,7 +22,7 @@ import numpy as np
 from .forecast import note_copy, remaining
 from .logprobs import token_logprob
 from .model_runner import ModelRunner
-from .proposal import VERIFIED_KINDS, Proposal, ProposalStats, unwrapped
+from .proposal import VERIFIED_KINDS, DraftsInGroup, ObservesHidden, Peeks, Proposal, ProposalStats, ReleasesRow, unwrapped
 from .row import Row
 from .width_policy import LONG_MATCH, Acceptance, WidthPolicy, expected_accepted, prior_rate
 
@@ -70,10 +70,9 @@ class SchedulerConfig:
 def _release(row: Row) -> None:
     """The row leaves: proposers that keep per-row state in a group of their own (a
     draft model's batched cache, engine/draft.py DraftModelGroup) free its slot there."""
-    for proposer in row.proposers:
-        release = getattr(unwrapped(proposer), "release_row", None)
-        if release is not None:
-            release()
+    for proposer in map(unwrapped, row.proposers):
+        if isinstance(proposer, ReleasesRow):
+            proposer.release_row()
 
 
 class Scheduler:
@@ -170,7 +169,7 @@ class Scheduler:
             _release(row)
         except Exception:  # noqa: BLE001
             log.exception("releasing a row's proposer state failed")
-        row.proposers = [p for p in row.proposers if getattr(unwrapped(p), "release_row", None) is None]
+        row.proposers = [p for p in row.proposers if not isinstance(unwrapped(p), ReleasesRow)]
         row.cut_by = None
         row.hidden = None
         row.prefill_cache = None
@@ -435,7 +434,7 @@ class Scheduler:
         batch = max(1, len(self.running))
         for row in rows:
             # (a proposer wrapped for a constrained row, engine/grammar.py, is offered as itself)
-            grouped = [q for q in map(unwrapped, row.proposers) if getattr(q, "round_group", None) is not None]
+            grouped = [q for q in map(unwrapped, row.proposers) if isinstance(q, DraftsInGroup)]
             for proposer in grouped:  # every group starts its round (no offer kept from the last)
                 if id(proposer.round_group) not in started:
                     started.add(id(proposer.round_group))
@@ -469,11 +468,10 @@ class Scheduler:
         budget = min(self.config.max_proposal, view.budget - 1)
         best = None
         for order, proposer in enumerate(map(unwrapped, row.proposers)):
-            peek = getattr(proposer, "peek", None)
-            if peek is None or budget <= 0:
+            if not isinstance(proposer, Peeks) or budget <= 0:
                 continue
             asked = time.perf_counter()
-            prop = peek(view, budget)
+            prop = proposer.peek(view, budget)
             ms = (time.perf_counter() - asked) * 1000  # proposer time (H), as every ask in _propose
             row.stats.method(proposer.name)["propose_ms"] += ms
             self.totals.method(proposer.name)["propose_ms"] += ms
@@ -492,7 +490,7 @@ class Scheduler:
         in `_propose`)."""
         budget = min(self.config.max_proposal, view.budget - 1)
         acc = row.acceptance.get(proposer.name) or Acceptance(prior_rate=prior_rate(0))
-        draft = self._sized_expectation(acc.rate, min(budget, getattr(proposer, "k", budget)), batch, worth)
+        draft = self._sized_expectation(acc.rate, min(budget, proposer.k), batch, worth)
         order = next((i for i, p in enumerate(map(unwrapped, row.proposers)) if p is proposer), len(row.proposers))
         expected, copy_order = copy
         return expected > draft or (expected == draft and copy_order < order)
@@ -655,10 +653,9 @@ class Scheduler:
         hidden = self.runner.row_hidden
         if not self.runner.keep_all_hidden or hidden is None or count <= 0:
             return
-        for proposer in row.proposers:
-            observe = getattr(unwrapped(proposer), "observe_hidden", None)
-            if observe is not None:
-                observe(position, hidden[b][:count])
+        for proposer in map(unwrapped, row.proposers):
+            if isinstance(proposer, ObservesHidden):
+                proposer.observe_hidden(position, hidden[b][:count])
 
     def _keep_hidden(self, rows: list[Row], where: list[tuple[int, int]], picks: list) -> None:
         """Each row's hidden state at the input whose logits chose its new pending token

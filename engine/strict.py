@@ -30,7 +30,7 @@ import threading
 from typing import Any, Sequence
 
 from .grammar import ConstrainedProposer, GrammarBook, GrammarConstraint, JumpForwardProposer
-from .types import EngineError, GenerationRequest
+from .types import EngineError, GenerationRequest, ServedModel
 
 OFF = frozenset({"none", "off"})
 
@@ -39,7 +39,7 @@ def strict_enabled(methods: Sequence[str]) -> bool:
     return not (set(methods) & OFF)
 
 
-def logits_width(model: Any, info: Any) -> int:
+def logits_width(model: Any, info: ServedModel) -> int:
     """The width of the model's logits (the grammar bitmask covers exactly these ids)."""
     args = getattr(model, "args", None)
     width = getattr(args, "vocab_size", None)
@@ -47,14 +47,14 @@ def logits_width(model: Any, info: Any) -> int:
         try:
             width = int(model.model.embed_tokens.weight.shape[0])
         except AttributeError:
-            width = getattr(info, "vocab_size", None)
+            width = info.vocab_size
     if not width:
         raise EngineError("cannot tell the model's vocabulary size for constrained decoding")
     return int(width)
 
 
 class StrictFill:
-    def __init__(self, model: Any, tokenizer: Any, info: Any, trimmable: bool = True) -> None:
+    def __init__(self, model: Any, tokenizer: Any, info: ServedModel, trimmable: bool = True) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.info = info

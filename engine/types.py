@@ -7,8 +7,9 @@ token ids and maps these chunks onto its wire format.
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 # Provenance of an emitted token: one of engine/methods.py `token_kinds()`. `sampled`
 # came from the row's sampler; the others are the kinds of the registered methods
@@ -67,6 +68,11 @@ class GenerationRequest:
     # Log probabilities of the emitted tokens (engine/logprobs.py): None = not asked
     # (no extra work); N = each token's logprob plus its N most likely alternatives.
     logprobs: int | None = None
+    # The request as messages, after policies (core/turn.py's `Turn`; typed loosely, as
+    # the engine layer sits below it), and its session id: what an engine that serves
+    # messages rather than tokens sends on (the upstream engine). The runner sets both.
+    turn: Any = None
+    session_id: str = ""
 
 
 @dataclass
@@ -109,6 +115,27 @@ class TokenChunk:
     # the row, accepted or not: a round that carried some and emitted one token had them
     # all rejected, and its extra forward time is what they cost (traces/accounting.py).
     proposed: int = 0
+
+
+@dataclass
+class ServedModel:
+    """The model an engine serves, as the server names it (`Engine.info`): the local
+    engine's `ModelInfo` (engine/loader.py) adds what loading found; an upstream engine
+    knows only this much."""
+
+    name: str
+    path: str  # the model's folder, or an upstream's URL
+    vocab_size: int | None = None  # None: unknown (an upstream)
+    adapter: str | None = None  # a LoRA adapter folder fused into the weights at load
+    adapter_digest: str | None = None  # sha256 of its adapters.safetensors (first 16 hex)
+
+    @property
+    def cache_name(self) -> str:
+        """The model's identity for caches: its name, plus the adapter when one is fused
+        (cached KV of the base model must never serve the adapted one, or another adapter)."""
+        if not self.adapter:
+            return self.name
+        return f"{self.name}+{Path(self.adapter).name}-{self.adapter_digest or 'unknown'}"
 
 
 class EngineError(RuntimeError):

@@ -62,12 +62,13 @@ class TurnRecord:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
-    fill: dict[str, Any]  # usage.fill as the server sent it
+    fill: dict[str, Any]  # usage.fill as the server sent it (the engine's telemetry)
     content: str
     # name, arguments (text), result, error, and the ground truth (live/ground_truth.py):
     # truth (right | wrong | harmless), changed paths, bad_after
     calls: list[dict[str, Any]] = field(default_factory=list)
     timings: dict[str, Any] = field(default_factory=dict)  # the server's, from its trace (live/runner.py)
+    report: dict[str, Any] = field(default_factory=dict)  # usage.report: the policies' report, interventions
     # the model's raw output in its own format (call markup included), from the server's
     # trace: the hindsight arm's recording of this turn (live/oracle.py)
     output: str = ""
@@ -115,14 +116,15 @@ def _arguments(text: str | None) -> tuple[dict[str, Any] | None, str | None]:
     return value, None
 
 
-def _usage(resp: Any) -> tuple[int, int, int, dict[str, Any]]:
+def _usage(resp: Any) -> tuple[int, int, int, dict[str, Any], dict[str, Any]]:
+    """Prompt, completion and cached tokens, `usage.fill` and `usage.report`."""
     usage = getattr(resp, "usage", None)
     if usage is None:
-        return 0, 0, 0, {}
+        return 0, 0, 0, {}, {}
     data = usage.model_dump() if hasattr(usage, "model_dump") else dict(usage)
     details = data.get("prompt_tokens_details") or {}
     return (int(data.get("prompt_tokens") or 0), int(data.get("completion_tokens") or 0),
-            int(details.get("cached_tokens") or 0), dict(data.get("fill") or {}))
+            int(details.get("cached_tokens") or 0), dict(data.get("fill") or {}), dict(data.get("report") or {}))
 
 
 def run_task(client: Any, task: Task, workspace: Path, arm_name: str, request_field: dict[str, Any],
@@ -161,10 +163,10 @@ def run_task(client: Any, task: Task, workspace: Path, arm_name: str, request_fi
                 model=options.model, messages=messages, tools=TOOLS, max_tokens=max_tokens,
                 temperature=options.temperature, timeout=left, extra_body={"jumpahead": jumpahead})
             msg = resp.choices[0].message
-            prompt, completion, cached, fill = _usage(resp)
+            prompt, completion, cached, fill, report = _usage(resp)
             turn = TurnRecord(wall_s=round(time.perf_counter() - t_turn, 4),
                               finish_reason=resp.choices[0].finish_reason, prompt_tokens=prompt,
-                              completion_tokens=completion, cached_tokens=cached, fill=fill,
+                              completion_tokens=completion, cached_tokens=cached, fill=fill, report=report,
                               content=msg.content or "")
             record.turns.append(turn)
             calls = list(msg.tool_calls or [])

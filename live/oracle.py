@@ -52,13 +52,7 @@ ORACLE_FIELD = "oracle_calls"  # in the request's `jumpahead` object
 
 def oracle_calls(turn: Any) -> list[tuple[str, dict[str, Any]]]:
     """The ideal calls the request carries (`jumpahead.oracle_calls`), well-formed ones only."""
-    options = getattr(turn, "extra", {}).get("jumpahead")
-    raw = options.get(ORACLE_FIELD) if isinstance(options, dict) else None
-    out: list[tuple[str, dict[str, Any]]] = []
-    for item in raw if isinstance(raw, list) else []:
-        if isinstance(item, dict) and isinstance(item.get("name"), str) and isinstance(item.get("arguments"), dict):
-            out.append((item["name"], item["arguments"]))
-    return out
+    return [(call.name, call.arguments) for call in turn.options.oracle_calls]
 
 
 def _call_key(name: str, arguments: Any) -> tuple[str, str]:

@@ -122,10 +122,16 @@ def plain_round_s(records: list[dict[str, Any]]) -> float | None:
     return decode / count if count else None
 
 
+def policies_report(turn: dict[str, Any]) -> dict[str, Any]:
+    """The policies' report of a recorded turn: `usage.report.policies`, or where records
+    made before the report channel kept it, `usage.fill.policies`."""
+    report = (turn.get("report") or {}).get("policies")
+    return report if isinstance(report, dict) else (turn.get("fill") or {}).get("policies") or {}
+
+
 def interventions(turn: dict[str, Any]) -> list[dict[str, Any]]:
     """The turn's boundary interventions (jumps) that supplied tokens."""
-    pol = (turn.get("fill") or {}).get("policies") or {}
-    items = pol.get("interventions")
+    items = policies_report(turn).get("interventions")
     return [i for i in items if isinstance(i, dict) and "boundary" in i and int(i.get("tokens") or 0) > 0] \
         if isinstance(items, list) else []
 
@@ -181,7 +187,7 @@ def turn_account(turn: dict[str, Any], plain_s: float | None) -> dict[str, float
     good = max(0, supplied - wrong_tokens(turn))  # D: correct supplied tokens only
     propose_s = float(fill.get("propose_ms") or 0.0) / 1000
     hooks = 0.0
-    for name, rep in ((fill.get("policies") or {}).get("by_policy") or {}).items():
+    for name, rep in (policies_report(turn).get("by_policy") or {}).items():
         if name not in NOT_ARM_POLICIES and isinstance(rep, dict):
             hooks += float(rep.get("on_request_ms") or 0.0) + float(rep.get("on_result_ms") or 0.0)
     rounds = _decode_rounds(turn)

@@ -777,7 +777,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "args": {k: v for k, v in vars(args).items() if k not in ("func", "command")},
     }
     if adapter is not None:  # the target it learned is the adapted model (the fingerprint covers the base)
-        summary["adapter"] = {"name": adapter.name, "digest": getattr(engine.info, "adapter_digest", None)}
+        summary["adapter"] = {"name": adapter.name, "digest": engine.info.adapter_digest}
     out = Path(args.out) if args.out else adapter_drafter_path(adapter) if adapter else default_drafter_path()
     drafter.save(out, target_fingerprint(model), {"training": summary})
     summary["out"] = str(out)

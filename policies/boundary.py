@@ -182,6 +182,9 @@ class BoundaryProposer:
             "kind": kind,
             "verified": verified,
             "at": at,  # output tokens before it
+            # calls completed in the turn before it: the call it supplies (blame per call,
+            # live/summary.py jump_call)
+            "calls_done": self.tracker.calls_done,
             "tokens": len(tokens),
             "emitted": 0,
             "text_chars": len(iv.text) if iv.text is not None else None,

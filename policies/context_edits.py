@@ -9,7 +9,7 @@ cache keeps hitting. `clear_at_least` is the StickyRewrite trigger of the same n
 tokens a new clear must remove); no re-prefill horizon applies (the client asked for
 the clearing). Each policy leaves `applied` (the API's applied-edit entry plus the
 cleared message indices) after `on_request`; the runtime puts the request's report in
-`usage.fill["context_edits"]`, from which the adapter answers `applied_edits`.
+`usage.report.context_edits`, from which the adapter answers `applied_edits`.
 
 Also built-ins for any protocol: `--policy clear-tool-uses:trigger=30000,keep=3` and
 `clear-thinking:keep=1`.
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from jumpahead.core.context_edits import CLEAR_THINKING, CLEAR_TOOL_USES, FILL_KEY
+from jumpahead.core.context_edits import CLEAR_THINKING, CLEAR_TOOL_USES
 
 from .api import RequestContext
 from .registry import PolicySpec
@@ -215,9 +215,9 @@ def edit_specs(edits: list[dict[str, Any]]) -> list[PolicySpec]:
 
 
 def report(policies: list[Any]) -> dict[str, Any]:
-    """`usage.fill["context_edits"]`: the edits that cleared something, and their total."""
+    """`usage.report.context_edits`: the edits that cleared something, and their total."""
     applied = [p.applied for p in policies if isinstance(p, ContextEdit) and p.applied]
     return {"applied_edits": applied, "cleared_input_tokens": sum(a["cleared_input_tokens"] for a in applied)}
 
 
-__all__ = ["ClearThinking", "ClearToolUses", "ContextEdit", "FILL_KEY", "edit_specs", "report"]
+__all__ = ["ClearThinking", "ClearToolUses", "ContextEdit", "edit_specs", "report"]

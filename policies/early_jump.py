@@ -150,7 +150,7 @@ class EarlyJump(_JumpPolicy):
             self.tools = {}
         elif choice.mode == "function" and choice.name:
             self.tools = {k: v for k, v in self.tools.items() if k == choice.name}
-        self.one_call = ctx.turn.extra.get("parallel_tool_calls") is False
+        self.one_call = ctx.turn.parallel_tool_calls is False
 
     # only the reasoning boundary: inside a call the model has chosen already
     def on_reasoning_closed(self, event: BoundaryEvent) -> Intervention | None:

@@ -9,7 +9,7 @@
   jump_plan.py's module doc); `verify=1` proposes the plan for verification instead (the
   model checks it token by token like echo: exact; still kind `jump`).
 - `OracleJump` (`oracle-jump`): driven by the recorded continuation of this turn
-  (`turn.extra["jumpahead"]["oracle_output"]`, set by replay). At a tool name or
+  (`turn.options.oracle_output`, set by replay). At a tool name or
   argument key it supplies the longest prefix of the recorded rest of the call whose
   content already exists before the jump point (context or output so far): hindsight
   decides *what* comes, never content the model could not have copied.
@@ -141,9 +141,7 @@ class Jump(_JumpPolicy):
 
 def oracle_output(turn: Any) -> str | None:
     """The recorded output of this turn, as replay hands it over."""
-    options = getattr(turn, "extra", {}).get("jumpahead")
-    text = options.get("oracle_output") if isinstance(options, dict) else None
-    return text if isinstance(text, str) and text else None
+    return turn.options.oracle_output or None
 
 
 def _string_end(text: str, i: int) -> int:

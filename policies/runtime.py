@@ -11,7 +11,7 @@
   (policies/boundary.py) when any policy has boundary hooks;
 - `after_turn`: late boundaries and `turn_end` (observation), `on_result`, then the
   report: `exchange.notes["interventions"]`, `exchange.notes["policies"]`, the same in
-  the answer's `usage.fill.policies`, and counters for /metrics.
+  the answer's `usage.report.policies`, and counters for /metrics.
 
 Every hook call is timed and charged to its policy's H. A hook that raises (or returns
 something it should not) disables that policy for the rest of the request with one
@@ -38,7 +38,7 @@ from jumpahead.core.turn import Turn, TurnOutput
 
 from .api import BOUNDARIES, BoundaryEvent, Intervention, Policy, RequestContext, SessionState, TurnResult
 from .boundary import BoundaryProposer
-from .context_edits import FILL_KEY, edit_specs
+from .context_edits import edit_specs
 from .context_edits import report as context_edits_report
 from .registry import PolicyError, PolicySpec, parse_spec, spec_from_object
 from .tracker import OutputTracker
@@ -207,24 +207,16 @@ class SessionStore:
 def request_specs(turn: Turn) -> tuple[list[PolicySpec], bool]:
     """The request's `jumpahead.policies` (and whether they replace the server's).
     Raises APIError(400) naming a bad spec."""
-    options = turn.extra.get("jumpahead")
-    if not isinstance(options, dict) or "policies" not in options:
+    options = turn.options  # its shape checked by core/options.py; the specs' grammar is ours
+    if options.policies is None:
         return [], False
-    raw = options["policies"]
-    if isinstance(raw, (str, dict)):
-        raw = [raw]
-    if not isinstance(raw, list):
-        raise invalid_request("'jumpahead.policies' must be a list of policy specs", param="jumpahead.policies")
-    replace = options.get("replace", False)
-    if not isinstance(replace, bool):
-        raise invalid_request("'jumpahead.replace' must be true or false", param="jumpahead.replace")
     specs = []
-    for i, item in enumerate(raw):
+    for i, item in enumerate(options.policies):
         try:
             specs.append(spec_from_object(item))
         except PolicyError as exc:
             raise invalid_request(f"jumpahead.policies[{i}]: {exc}", param="jumpahead.policies") from None
-    return specs, replace
+    return specs, options.replace
 
 
 class PolicyHooks:
@@ -252,7 +244,7 @@ class PolicyHooks:
     # --- hooks ---------------------------------------------------------------------------
     def before_render(self, exchange: Exchange, turn: Turn) -> Turn:
         specs = self._specs(turn)
-        asked_edits = "context_edits" in turn.extra  # Anthropic context_management (answered even if empty)
+        asked_edits = turn.context_edits is not None  # Anthropic context_management (answered even if empty)
         if not specs and not asked_edits:
             return turn
         actives, failed = [], []
@@ -337,11 +329,9 @@ class PolicyHooks:
         report = run.report(watch_s)
         exchange.notes["interventions"] = [*exchange.notes.get("interventions", []), *run.interventions]
         exchange.notes["policies"] = report
-        if out.usage.fill is None:
-            out.usage.fill = {}
-        out.usage.fill["policies"] = {**report, "interventions": list(run.interventions)}
+        out.usage.report.policies = {**report, "interventions": list(run.interventions)}
         if run.context_edits is not None:
-            out.usage.fill[FILL_KEY] = run.context_edits  # the adapter answers applied_edits from it
+            out.usage.report.context_edits = run.context_edits  # the adapter answers applied_edits from it
         self._count(run, report)
 
     # --- reports -------------------------------------------------------------------------
@@ -394,7 +384,7 @@ class PolicyHooks:
                                       "(a request may name built-in policies and the ones the server was started "
                                       "with: serve --policy)", param="jumpahead.policies")
         base = [] if replace else [(s, False) for s in self.specs]
-        edits = edit_specs(turn.extra.get("context_edits") or [])  # after the server's and the request's policies
+        edits = edit_specs(turn.context_edits or [])  # after the server's and the request's policies
         return base + [(s, True) for s in requested] + [(s, True) for s in edits]
 
     def _context(self, turn: Turn, session: SessionState, active: Active) -> RequestContext:

@@ -26,7 +26,9 @@ from jumpahead.core.errors import anthropic_error_body, invalid_request
 from jumpahead.core.fields import boolean, integer, number, obj
 from .signing import Signer, default_signer
 from jumpahead.core.tool_stream import partial_json
+from jumpahead.core.options import parse_options
 from jumpahead.core.turn import (
+    ResponseFormat,
     ContentDelta,
     Message,
     OutputEvent,
@@ -294,21 +296,19 @@ def parse_messages_request(body: Any, *, for_counting: bool = False, signer: Sig
         top_k=top_k or 0,
         seed=None if seed is None else seed & _SEED_MASK,
     )
-    extra: dict[str, Any] = {k: body[k] for k in ("jumpahead", "metadata", "thinking", "output_config", "context_management",
+    extra: dict[str, Any] = {k: body[k] for k in ("metadata", "thinking", "output_config", "context_management",
                                                  "service_tier") if k in body}
     if dropped:
         extra["thinking_dropped"] = len(dropped)
+    edits = None
     if body.get("context_management") is not None:
-        extra["context_edits"] = parse_context_management(body["context_management"])  # applied by the policy runtime
-    if messages[-1].role == "assistant" and not messages[-1].tool_calls:
-        extra["continue_final_message"] = True  # Anthropic prefill: the answer continues it
+        edits = parse_context_management(body["context_management"])  # applied by the policy runtime
+    output_config = body.get("output_config")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise invalid_request(f"model must be a string, got {type(model).__name__}", param="model")
     tool_choice = _tool_choice(body.get("tool_choice"), tools)
     parallel = _parallel_tool_calls(body.get("tool_choice"))
-    if parallel is not None:
-        extra["parallel_tool_calls"] = parallel  # as chat's field: strict fill's grammar, the upstream body
     return Turn(
         messages=messages,
         tools=tools,
@@ -319,6 +319,12 @@ def parse_messages_request(body: Any, *, for_counting: bool = False, signer: Sig
         stream=False if for_counting else boolean(body, "stream"),
         thinking=_thinking(body.get("thinking")),
         model=model if isinstance(model, str) and model else None,
+        options=parse_options(body.get("jumpahead")),
+        response_format=ResponseFormat.from_wire(output_config.get("format")) if isinstance(output_config, dict) else None,
+        parallel_tool_calls=parallel,
+        # Anthropic prefill: a final assistant message is the start of the answer
+        continue_final=messages[-1].role == "assistant" and not messages[-1].tool_calls,
+        context_edits=edits,
         extra=extra,
     )
 
@@ -367,6 +373,9 @@ def usage_json(usage: Usage) -> dict[str, Any]:
     }
     if usage.fill is not None:
         out["fill"] = usage.fill
+    report = usage.report.to_json()
+    if report is not None:
+        out["report"] = report
     return out
 
 

@@ -22,7 +22,9 @@ from jumpahead.core.content import content_texts
 from jumpahead.core.errors import error_body, invalid_request
 from jumpahead.core.fields import boolean, integer, number, obj
 from jumpahead.core.logprobs import top_logprobs
+from jumpahead.core.options import parse_options
 from jumpahead.core.turn import (
+    ResponseFormat,
     ContentDelta,
     Message,
     OutputEvent,
@@ -293,8 +295,8 @@ def parse_chat_request(body: Any, vocab_size: int | None = None) -> Turn:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise invalid_request(f"model must be a string, got {type(model).__name__}", param="model")
-    extra = {k: body[k] for k in ("jumpahead", "reasoning_effort", "metadata", "user", "response_format", "parallel_tool_calls",
-                                  "continue_final_message") if k in body}
+    extra = {k: body[k] for k in ("reasoning_effort", "metadata", "user") if k in body}
+    parallel = body.get("parallel_tool_calls")
     return Turn(
         messages=messages,
         tools=tools,
@@ -306,6 +308,10 @@ def parse_chat_request(body: Any, vocab_size: int | None = None) -> Turn:
         include_usage=include_usage,
         thinking=_thinking(body),
         model=model if isinstance(model, str) and model else None,
+        options=parse_options(body.get("jumpahead")),
+        response_format=ResponseFormat.from_wire(body.get("response_format")),
+        parallel_tool_calls=parallel if isinstance(parallel, bool) else None,
+        continue_final=body.get("continue_final_message") is True,
         extra=extra,
         logprobs=_logprobs(body),
     )
@@ -327,6 +333,9 @@ def _usage(usage: Usage) -> dict[str, Any]:
     }
     if usage.fill is not None:
         out["fill"] = usage.fill
+    report = usage.report.to_json()
+    if report is not None:
+        out["report"] = report
     return out
 
 
@@ -463,7 +472,7 @@ class ChatAdapter:
         return self._id
 
     async def parse(self, body: Any) -> Turn:
-        self.turn = parse_chat_request(body, getattr(getattr(self.ctx.engine, "info", None), "vocab_size", None))
+        self.turn = parse_chat_request(body, self.ctx.engine.info.vocab_size)
         return self.turn
 
     def body(self, out: TurnOutput, model: str) -> dict[str, Any]:

@@ -29,7 +29,8 @@ from .openai_chat import content_text
 from .response_store import ResponseStore, StoredResponse
 from .sse import KEEPALIVE
 from .signing import Signer, default_signer
-from jumpahead.core.turn import Message, Tool, ToolCall, ToolChoice, Turn, TurnOutput, Usage
+from jumpahead.core.options import parse_options
+from jumpahead.core.turn import Message, ResponseFormat, Tool, ToolCall, ToolChoice, Turn, TurnOutput, Usage
 
 _SEED_MASK = (1 << 63) - 1
 CUSTOM_INPUT_SCHEMA = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
@@ -333,8 +334,10 @@ def parse_responses_request(body: Any, store: ResponseStore | None = None,
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise invalid_request(f"model must be a string, got {type(model).__name__}", param="model")
-    extra = {k: body[k] for k in ("jumpahead", "reasoning", "metadata", "user", "prompt_cache_key", "parallel_tool_calls",
-                                  "text", "include", "truncation") if k in body}
+    extra = {k: body[k] for k in ("reasoning", "metadata", "user", "prompt_cache_key", "text", "include", "truncation")
+             if k in body}
+    parallel = body.get("parallel_tool_calls")
+    text = body.get("text")
     turn = Turn(
         messages=messages,
         tools=tools,
@@ -344,6 +347,9 @@ def parse_responses_request(body: Any, store: ResponseStore | None = None,
         stream=boolean(body, "stream"),
         thinking=_thinking(body.get("reasoning")),
         model=model if isinstance(model, str) and model else None,
+        options=parse_options(body.get("jumpahead")),
+        response_format=ResponseFormat.from_wire(text.get("format")) if isinstance(text, dict) else None,
+        parallel_tool_calls=parallel if isinstance(parallel, bool) else None,
         extra=extra,
         logprobs=(top or 0) if wants_logprobs else None,
     )
@@ -361,6 +367,7 @@ def _usage(usage: Usage, reasoning_tokens: int = 0) -> dict[str, Any]:
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": usage.total_tokens,
         **({"fill": usage.fill} if usage.fill is not None else {}),
+        **({"report": usage.report.to_json()} if usage.report.to_json() is not None else {}),
     }
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from jumpahead.core.options import options_schema
+
 _STR = {"type": "string"}
 _BOOL = {"type": "boolean"}
 _INT = {"type": "integer"}
@@ -26,10 +28,7 @@ def _one_of(*schemas: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": list(schemas)}
 
 
-_JUMPAHEAD = {"type": "object", "description": "jumpahead options: methods, policies, replace, session",
-              "properties": {"methods": {"type": "array", "items": _STR},
-                             "policies": _one_of(_STR, _OBJ, {"type": "array", "items": _one_of(_STR, _OBJ)}),
-                             "replace": _BOOL}}
+_JUMPAHEAD = options_schema()  # generated from the type the adapters parse (core/options.py)
 
 
 def _messages_request(roles: list[str], message: dict[str, Any], **properties: Any) -> dict[str, Any]:

@@ -36,14 +36,7 @@ from jumpahead.core.turn import Message, Turn
 
 def _options(turn: Turn) -> dict[str, str]:
     """The compaction policy's options from the request's `jumpahead.compaction` object."""
-    options = turn.extra.get("jumpahead")
-    raw = options.get("compaction") if isinstance(options, dict) else None
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict) or not all(isinstance(v, str | int | bool) for v in raw.values()):
-        raise invalid_request("jumpahead.compaction must be an object of compaction policy options "
-                              "(mode, target, min_tokens, max_chars, summary_tokens)", param="jumpahead.compaction")
-    return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in raw.items()}
+    return dict(turn.options.compaction or {})
 
 
 def _offset(turn: Turn, ctx: ResponsesContext) -> int:

@@ -43,7 +43,7 @@ from .openai_responses import ResponsesAdapter
 from jumpahead.core.prompt import render_prompt
 from .response_store import ResponseStore
 from .responses_compact import compact_response
-from jumpahead.core.runner import PreparedTurn, complete_turn, prepare_turn_async, request_methods, stream_turn
+from jumpahead.core.runner import PreparedTurn, complete_turn, prepare_turn_async, stream_turn
 from jumpahead.core.script import Script
 from .prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from .prometheus import prometheus_text
@@ -97,8 +97,7 @@ async def _prepare(request: Request, protocol: str, body: Any, turn: Any) -> Pre
 
 
 def _model_name(engine: Engine) -> str:
-    info = getattr(engine, "info", None)
-    return str(getattr(info, "name", None) or "jumpahead")
+    return engine.info.name or "jumpahead"
 
 
 async def read_json(request: Request) -> Any:
@@ -223,7 +222,6 @@ responses = generation_handler(ResponsesAdapter, "responses")
 async def count_tokens(request: Request) -> Response:
     engine = _engine(request)
     turn = parse_messages_request(await read_json(request), for_counting=True, signer=request.app.state.signer)
-    request_methods(turn)  # a malformed 'jumpahead' object is the same 400 as on /v1/messages
     prompt = await asyncio.to_thread(render_prompt, engine.tokenizer, turn)
     return JSONResponse({"input_tokens": len(prompt)})
 
@@ -252,18 +250,16 @@ async def delete_response(request: Request) -> Response:
 
 
 def _model_card(engine: Engine, model_id: str | None = None) -> dict[str, Any]:
-    info = getattr(engine, "info", None)
     card = {
         "id": model_id or _model_name(engine),
         "object": "model",
-        "created": int(getattr(engine, "started_at", time.time())),
+        "created": int(engine.started_at),
         "owned_by": "jumpahead",
     }
-    context = getattr(engine, "context_length", None)
-    if context:
-        card["context_length"] = context
-    if info is not None and model_id is None:
-        card["root"] = getattr(info, "path", None)
+    if engine.context_length:
+        card["context_length"] = engine.context_length
+    if model_id is None:
+        card["root"] = engine.info.path
     return card
 
 

@@ -284,7 +284,7 @@ def test_masking_through_the_real_server(engine) -> None:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x")
         masked = client.chat.completions.create(model="m", messages=messages, max_tokens=1)
     assert masked.usage.prompt_tokens < plain - 500
-    fill = masked.model_dump()["usage"]["fill"]["policies"]
+    fill = masked.model_dump()["usage"]["report"]["policies"]
     note = next(i for i in fill["interventions"] if i["policy"] == "masking")
     assert note["decision"] == "rewritten" and note["segments"] == 2
     assert note["tokens_before"] == plain and note["tokens_after"] == masked.usage.prompt_tokens

@@ -6,7 +6,7 @@ stream's final message_delta; a thinking-clearing variant of it reports the clea
 turn; `clear_tool_uses_20250919` over a long session clears the same tool uses on two
 consecutive turns, the edited prompt of turn 1 is a token prefix of turn 2's (from the
 trace files) and turn 2's `cache_read_input_tokens` covers it; the cleared tokens are
-in `usage.fill` and the traces; a malformed edit is a 400 naming the field; an unknown
+in `usage.report` and the traces; a malformed edit is a 400 naming the field; an unknown
 edit type is ignored with a log line.
 """
 
@@ -78,7 +78,7 @@ def test_edits_parse_with_the_api_defaults() -> None:
     assert parse_context_management({"edits": [{"type": CLEAR_THINKING, "keep": "all"}]})[0]["keep"] == "all"
     assert parse_context_management({"edits": [{"type": CLEAR_THINKING, "keep": {"type": "all"}}]})[0]["keep"] == "all"
     turn = parse_messages_request(claude_code_body())
-    assert turn.extra["context_edits"] == [{"type": CLEAR_THINKING, "keep": "all"}]
+    assert turn.context_edits == [{"type": CLEAR_THINKING, "keep": "all"}]
 
 
 MALFORMED = [
@@ -129,7 +129,7 @@ def test_claude_code_request_gets_applied_edits(scripted_engine) -> None:
                 events = sse_events(response)
         (delta,) = [e for name, e in events if name == "message_delta"]
         assert delta["context_management"] == {"applied_edits": []}
-        assert delta["usage"]["fill"]["context_edits"]["applied_edits"] == []
+        assert delta["usage"]["report"]["context_edits"]["applied_edits"] == []
 
         variant = copy.deepcopy(body)
         variant["stream"] = False
@@ -159,7 +159,7 @@ def test_claude_code_request_gets_applied_edits(scripted_engine) -> None:
     assert streamed.context_management == message.context_management
     (edit,) = message.context_management.applied_edits
     assert edit.type == CLEAR_THINKING and edit.cleared_thinking_turns == 1 and edit.cleared_input_tokens >= 0
-    fill = message.usage.model_extra["fill"]["context_edits"]
+    fill = message.usage.model_extra["report"]["context_edits"]
     assert fill["applied_edits"][0]["messages"] == [3]  # system, user, system, [assistant 1], tool, assistant 2, tool
 
 
@@ -206,7 +206,7 @@ def test_clear_tool_uses_is_sticky_and_the_prefix_cache_keeps_hitting(engine, tm
     for answer, unedited in zip(answers, plain):
         usage = answer.usage
         assert usage.input_tokens + usage.cache_read_input_tokens == unedited - one.cleared_input_tokens
-        fill = usage.model_extra["fill"]["context_edits"]
+        fill = usage.model_extra["report"]["context_edits"]
         assert fill["cleared_input_tokens"] == one.cleared_input_tokens
 
     (trace,) = tmp_path.glob("*.jsonl")
@@ -216,7 +216,7 @@ def test_clear_tool_uses_is_sticky_and_the_prefix_cache_keeps_hitting(engine, tm
     cleared = [[i for i, m in enumerate(c.messages) if m.content == "[tool result cleared]"] for c in contexts]
     assert cleared[0] == cleared[1] and len(cleared[0]) == 10  # the same tool uses, on both turns
     for t in turns:
-        assert t["usage"]["fill"]["context_edits"]["applied_edits"][0]["cleared_input_tokens"] == one.cleared_input_tokens
+        assert t["usage"]["report"]["context_edits"]["applied_edits"][0]["cleared_input_tokens"] == one.cleared_input_tokens
     p1, p2 = (render_prompt(engine.tokenizer, c) for c in contexts)
     assert len(p1) == turns[0]["prompt_tokens"] and len(p2) == turns[1]["prompt_tokens"]
     shared = common_prefix(p1, p2)

@@ -147,7 +147,7 @@ def test_policy_interventions_are_listed(server):
     before = _state(server)
     answer = _client(server).chat.completions.create(model="m", messages=_masked_history(), max_tokens=1,
                                                      extra_headers={"x-session-id": "dash-masked"})
-    notes = answer.usage.model_extra["fill"]["policies"]["interventions"]
+    notes = answer.usage.model_extra["report"]["policies"]["interventions"]
     assert any(n["policy"] == "masking" for n in notes)
     after = _state(server)
     assert after["totals"]["interventions"] == before["totals"]["interventions"] + len(notes)

@@ -65,9 +65,9 @@ LIVE = [Tool("read_file", "Read a text file.", {"type": "object", "properties": 
 STATED = f"I will create src/hello.py with this content:\n```python\n{HARD}```"
 
 
-def early(tok, tools=LIVE, choice: ToolChoice | None = None, extra: dict | None = None, **options) -> EarlyJump:
+def early(tok, tools=LIVE, choice: ToolChoice | None = None, parallel: bool | None = None, **options) -> EarlyJump:
     p = EarlyJump(**options)
-    turn = Turn(messages=[Message("user", "x")], tools=tools, tool_choice=choice or ToolChoice(), extra=extra or {})
+    turn = Turn(messages=[Message("user", "x")], tools=tools, tool_choice=choice or ToolChoice(), parallel_tool_calls=parallel)
     p.on_request(RequestContext(turn=turn, session=SessionState("s"), tokenizer=tok, context_length=8192))
     return p
 
@@ -280,7 +280,7 @@ def test_the_request_limits_what_may_be_proposed(tok):
     done = STATED + "\n" + hermes("write", {"path": "src/hello.py", "content": HARD}) + "\nNow b.py:\n```\nb\n```"
     second = BoundaryEvent("block_closed", done, [], "", "", "", calls_done=1, budget=4096)
     assert early(tok).on_boundary(second) is not None
-    assert early(tok, extra={"parallel_tool_calls": False}).on_boundary(second) is None
+    assert early(tok, parallel=False).on_boundary(second) is None
 
 
 def test_registry_and_arms():

@@ -234,7 +234,7 @@ def test_claude_code_request_answered_on_the_default_server(tmp_path: Path) -> N
                                         extra_body=extra)
         elapsed = time.monotonic() - t0
         usage = answer.model_dump()["usage"]
-        fit = next(i for i in usage["fill"]["policies"]["interventions"] if i["policy"] == "fit")
+        fit = next(i for i in usage["report"]["policies"]["interventions"] if i["policy"] == "fit")
         assert fit["fitted"] and fit["tokens_before"] > 8192 and fit["tokens_after"] <= fit["limit"]
         assert usage["input_tokens"] + usage["cache_read_input_tokens"] == fit["tokens_after"]
         assert answer.role == "assistant" and answer.stop_reason in ("end_turn", "max_tokens", "tool_use"), answer

@@ -74,7 +74,7 @@ def test_recent_turn_lengths_from_the_history(engine) -> None:
     assert recent_turn_lengths(tok, turn, last=1) == [second]
     assert recent_turn_lengths(tok, Turn(messages=[Message("user", "hi")])) == []
     # an assistant prefix the answer continues is not a finished turn
-    cont = Turn(messages=[*turn.messages, Message("assistant", "Partial")], extra={"continue_final_message": True})
+    cont = Turn(messages=[*turn.messages, Message("assistant", "Partial")], continue_final=True)
     assert recent_turn_lengths(tok, cont) == [first, second]
 
 

@@ -17,6 +17,7 @@ from jumpahead.policies.jump import Jump, MistakenJump, OracleJump
 from jumpahead.policies.registry import PolicyError, parse_spec
 from jumpahead.core.output_parser import OutputParser
 from jumpahead.core.prompt import render_prompt
+from jumpahead.core.options import RequestOptions
 from jumpahead.core.turn import Message, Tool, ToolCall, Turn
 
 WRITE = Tool("write", "Write a file", {"type": "object", "properties": {"path": {"type": "string"},
@@ -52,9 +53,9 @@ def make_event(tok, call_text: str, *, reasoning: str = "", content: str = "", c
     return BoundaryEvent(boundary, output, [], reasoning, content, context, tool_name=None, call_text=call_text)
 
 
-def policy(cls, tok, tools=TOOLS, extra=None, **options):
+def policy(cls, tok, tools=TOOLS, oracle: str | None = None, **options):
     p = cls(**options)
-    turn = Turn(messages=[Message("user", "x")], tools=tools, extra=extra or {})
+    turn = Turn(messages=[Message("user", "x")], tools=tools, options=RequestOptions(oracle_output=oracle))
     p.on_request(RequestContext(turn=turn, session=SessionState("s"), tokenizer=tok, context_length=8192))
     return p
 
@@ -233,7 +234,7 @@ def oracle_setup(tok, content: str, reasoning: str, call_rest: str = "", context
     call_text = '\n{"name": "write"' + call_rest
     event = make_event(tok, call_text, reasoning=reasoning, boundary="tool_name", context=context)
     assert recorded.startswith(event.output_text)
-    p = policy(OracleJump, tok, extra={"jumpahead": {"oracle_output": recorded}})
+    p = policy(OracleJump, tok, oracle=recorded)
     return p, event, recorded
 
 
@@ -323,7 +324,7 @@ def test_mistaken_oracle_jump_can_send_a_wrong_path(tok):
     context = context_of(tok, CONTEXT_FILES)
     for seed in range(40):
         p, event, recorded = oracle_setup(tok, "print('hi')\n", reasoning, context=context)
-        m = policy(MistakenJump, tok, extra={"jumpahead": {"oracle_output": recorded}}, rate="1", seed=str(seed),
+        m = policy(MistakenJump, tok, oracle=recorded, rate="1", seed=str(seed),
                    base="oracle")
         iv = m.on_boundary(event)
         args = args_of(parsed(tok, event, iv.text)[0])

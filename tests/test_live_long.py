@@ -243,18 +243,15 @@ def test_summary_reports_kind_groups_separately():
     assert group_table(summarize(records[:2], ["ordinary", "j"])) == ""
 
 
-def test_short_kinds_keep_the_result_text_the_shipped_adapter_learned():
-    """Snippets are the long kinds' (Task.snippets): the short kinds' write/edit results
-    stay "Wrote N lines to X." / "Edited X." in the sandbox, in the agent loop and in the
-    trajectories (on the snippets the shipped adapter solved 28 of 60 held-out short tasks,
-    57 of 60 on the text it was trained on)."""
-    assert not any(make_task(s, k).snippets for k in KINDS for s in range(3))
-    assert all(make_task(s, k).snippets for k in LONG_KINDS for s in range(3))
+def test_every_kind_shows_what_a_write_did():
+    """Write and edit results show the changed lines (Claude Code's `cat -n` snippet) for
+    every kind, short and long, in the sandbox and in the trajectories; `snippets=False`
+    keeps the old one-line text only to reproduce the adapter trained on it."""
+    assert all(make_task(s, k).snippets for k in (*KINDS, *LONG_KINDS) for s in range(3))
     with workspace() as ws:
-        assert run_tool(ws, "write_file", {"path": "a.txt", "content": "one two\n"}, False) == "Wrote 1 line to a.txt."
-        assert run_tool(ws, "edit_file", {"path": "a.txt", "old": "two", "new": "2"}, False) == "Edited a.txt."
-        assert run_tool(ws, "read_file", {"path": "a.txt"}, False) == "one 2\n"
-    for kind, snippet in (("create_file", False), ("read_then_edit", False), ("add_feature", True)):
+        assert "cat -n" in run_tool(ws, "write_file", {"path": "a.txt", "content": "one two\n"}, True)
+        assert run_tool(ws, "write_file", {"path": "b.txt", "content": "x\n"}, False) == "Wrote 1 line to b.txt."
+    for kind in ("create_file", "read_then_edit", "add_feature"):
         results = [m["content"] for m in build(make_task(5, kind))["messages"] if m["role"] == "tool"]
         writes = [r for r in results if r.startswith(("Wrote", "Edited", "The file"))]
-        assert writes and all(("cat -n" in r) == snippet for r in writes), (kind, writes)
+        assert writes and all("cat -n" in r for r in writes), (kind, writes)

@@ -204,6 +204,16 @@ def _fill(usage) -> dict:
     return extra.get("fill") or getattr(usage, "fill", None)
 
 
+def _report(usage) -> dict | None:
+    """`usage.report`: the policies' report, beside the engine's telemetry in `usage.fill`."""
+    extra = getattr(usage, "model_extra", None) or {}
+    return extra.get("report")
+
+
+def _both(usage) -> dict:
+    return {**(_fill(usage) or {}), **(_report(usage) or {})}
+
+
 # --- specs and config (no model) ----------------------------------------------------
 
 
@@ -296,7 +306,7 @@ def test_on_request_rewrite_in_all_protocols(engine, policy_dir):
         added = _chat(url, messages=user, max_tokens=3,
                       extra_body={"jumpahead": {"policies": [f"{MODULE}:SystemRewrite:text=Be very brief please."]}})
         metrics = httpx.get(f"{url}/metrics.json", timeout=30).json()
-    fills = [_fill(chat.usage), _fill(msg.usage), _fill(resp.usage)]
+    fills = [_report(chat.usage), _report(msg.usage), _report(resp.usage)]
     prompts = [chat.usage.prompt_tokens, msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0),
                resp.usage.input_tokens]
     for fill, prompt_tokens in zip(fills, prompts):
@@ -307,9 +317,11 @@ def test_on_request_rewrite_in_all_protocols(engine, policy_dir):
         assert note["prompt_tokens"] == prompt_tokens  # the model saw the rewritten prompt
         assert policies["by_policy"]["sysrewrite"]["on_request_ms"] > 0
     assert plain.usage.prompt_tokens > chat.usage.prompt_tokens + 40  # the long system prompt is back
-    assert "policies" not in (_fill(plain.usage) or {})
+    for usage in (chat.usage, msg.usage, resp.usage):  # usage.fill is the engine's telemetry only
+        assert not {"policies", "context_edits"} & set(_fill(usage) or {})
+    assert _report(plain.usage) is None and "policies" not in (_fill(plain.usage) or {})
     assert [c["notes"]["policies"]["active"] for c in capture.turns[:3]] == [["sysrewrite"]] * 3
-    added_fill = _fill(added.usage)["policies"]
+    added_fill = _report(added.usage)["policies"]
     assert added_fill["active"] == ["sysrewrite", "sysrewrite#2"]
     assert added_fill["interventions"][-1]["prompt_tokens"] == added.usage.prompt_tokens
     section = metrics["policies"]
@@ -333,11 +345,11 @@ def _call_args_by_protocol(url, city):
                       tool_choice="required", extra_body=NO_STRICT)
     out = []
     (call,) = chat.choices[0].message.tool_calls
-    out.append((call.function.name, json.loads(call.function.arguments), _fill(chat.usage), chat.choices[0].finish_reason))
+    out.append((call.function.name, json.loads(call.function.arguments), _both(chat.usage), chat.choices[0].finish_reason))
     (block,) = [b for b in msg.content if b.type == "tool_use"]
-    out.append((block.name, block.input, _fill(msg.usage), msg.stop_reason))
+    out.append((block.name, block.input, _both(msg.usage), msg.stop_reason))
     (item,) = [i for i in resp.output if i.type == "function_call"]
-    out.append((item.name, json.loads(item.arguments), _fill(resp.usage), resp.status))
+    out.append((item.name, json.loads(item.arguments), _both(resp.usage), resp.status))
     return out
 
 
@@ -418,7 +430,7 @@ def test_a_raising_policy_is_disabled_and_the_request_answers(engine, policy_dir
                      extra_body=NO_STRICT)
         msg = _messages(url, messages=user, max_tokens=5)
         metrics = httpx.get(f"{url}/metrics.json", timeout=30).json()["policies"]
-    policies = _fill(chat.usage)["policies"]
+    policies = _report(chat.usage)["policies"]
     errors = {(e["policy"], e["hook"]): e["error"] for e in policies["errors"]}
     assert errors == {("raiser", "on_request"): "RuntimeError: boom in on_request",
                       ("raiser#2", "on_boundary"): "RuntimeError: boom in on_boundary"}
@@ -430,7 +442,7 @@ def test_a_raising_policy_is_disabled_and_the_request_answers(engine, policy_dir
     assert json.loads(call.function.arguments) == {"city": CITY, "unit": UNIT}
     assert [i["policy"] for i in policies["interventions"]] == ["counter", "calljump"]
     # no tool call here: raiser#2's only boundary is the turn's end (observed after the row)
-    msg_errors = _fill(msg.usage)["policies"]["errors"]
+    msg_errors = _report(msg.usage)["policies"]["errors"]
     assert [(e["policy"], e["hook"]) for e in msg_errors] == [("raiser", "on_request"), ("raiser#2", "on_boundary")]
     assert msg.content[0].type == "text"
     assert metrics["errors"] == {"raiser": 2, "raiser#2": 2}
@@ -458,7 +470,7 @@ def test_bad_request_policies_are_400(engine, policy_dir):
         # a user class the server was started with may be named again, with options
         r = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={"messages": user, "max_tokens": 2, "jumpahead": {
             "policies": [{"name": f"{MODULE}:Counter"}]}})
-        assert r.status_code == 200 and r.json()["usage"]["fill"]["policies"]["active"] == ["counter", "counter#2"]
+        assert r.status_code == 200 and r.json()["usage"]["report"]["policies"]["active"] == ["counter", "counter#2"]
 
 
 def test_session_memo_persists_within_a_session_only(engine, policy_dir):
@@ -470,7 +482,7 @@ def test_session_memo_persists_within_a_session_only(engine, policy_dir):
                 r = _chat(url, messages=user, max_tokens=2, extra_headers={"x-session-id": session})
             else:
                 r = _messages(url, messages=user, max_tokens=2, extra_headers={"x-session-id": session})
-            notes = {n["kind"]: n for n in _fill(r.usage)["policies"]["interventions"]}
+            notes = {n["kind"]: n for n in _report(r.usage)["policies"]["interventions"]}
             assert notes["generated"]["text"].strip()  # the model wrote text for the policy
             return notes["count"]["n"], notes["count"]["requests"]
 
@@ -505,7 +517,7 @@ def test_serve_with_policy_config_and_flag(tmp_path, policy_dir, tiny_model_dir)
             time.sleep(0.5)
         r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=120,
                        json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
-        policies = r.json()["usage"]["fill"]["policies"]
+        policies = r.json()["usage"]["report"]["policies"]
         assert policies["active"] == ["sysrewrite", "counter"]
         health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).json()
         assert health["policies"] == [f"{MODULE}:SystemRewrite:text=Short, plain answers.", f"{MODULE}:Counter"]
@@ -525,7 +537,7 @@ def test_verified_jump_keeps_ordinary_decoding(engine, loaded_model, policy_dir)
     with serve(engine, hooks=[_hooks(engine), capture]) as url:
         plain = httpx.post(f"{url}/v1/chat/completions", timeout=300, json=body).json()
     jumped, base = capture.turns
-    (iv,) = r["usage"]["fill"]["policies"]["interventions"]
+    (iv,) = r["usage"]["report"]["policies"]["interventions"]
     assert iv["verified"] is True and iv["kind"] == "jump" and 0 < iv["emitted"] <= iv["tokens"]
     assert jumped["kinds"].count("jump") == iv["emitted"] == r["usage"]["fill"]["tokens"]["jump"]
     assert r["usage"]["fill"]["verified"]["accepted"] == iv["emitted"]
@@ -557,16 +569,16 @@ def test_policies_report_in_streams(engine, policy_dir):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
         chunks = list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}],
                                                      max_tokens=2, stream=True, stream_options={"include_usage": True}))
-        assert _fill(chunks[-1].usage)["policies"]["active"] == ["counter"]
+        assert _report(chunks[-1].usage)["policies"]["active"] == ["counter"]
         with httpx.stream("POST", f"{url}/v1/messages", timeout=300, json={
                 "model": "m", "max_tokens": 2, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}) as r:
             text = "".join(r.iter_text())
         delta = next(json.loads(line[6:]) for line in text.splitlines()
                      if line.startswith("data: ") and '"message_delta"' in line)
-        assert delta["usage"]["fill"]["policies"]["active"] == ["counter"]
+        assert delta["usage"]["report"]["policies"]["active"] == ["counter"]
         with httpx.stream("POST", f"{url}/v1/responses", timeout=300, json={
                 "model": "m", "max_output_tokens": 2, "stream": True, "input": "Hi"}) as r:
             text = "".join(r.iter_text())
         done = next(json.loads(line[6:]) for line in text.splitlines()
                     if line.startswith("data: ") and ('"response.completed"' in line or '"response.incomplete"' in line))
-        assert done["response"]["usage"]["fill"]["policies"]["active"] == ["counter"]
+        assert done["response"]["usage"]["report"]["policies"]["active"] == ["counter"]

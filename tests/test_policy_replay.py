@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from jumpahead.core.options import RequestOptions
 from jumpahead.policies.api import RequestContext, SessionState
 from jumpahead.policies.compaction import Compaction
 from jumpahead.policies.registry import PolicyError, parse_spec
@@ -148,7 +149,7 @@ def test_oracle_jump_supplies_the_records_own_tokens() -> None:
     call = json.dumps({"name": "bash", "arguments": {"command": known + "x -q -k zqvnovelname"}})
     recorded = f"<tool_call>\n{call}\n</tool_call>"
     turn = Turn(messages=[Message("user", f"Run `{known}` please.")], tools=[bash],
-                extra={"jumpahead": {"oracle_output": recorded}})
+                options=RequestOptions(oracle_output=recorded))
     policy = OracleJump()
     policy.on_request(RequestContext(turn=turn, session=SessionState("s"), tokenizer=tokenizer, context_length=8192))
     ids = tokenizer.encode(recorded, add_special_tokens=False)

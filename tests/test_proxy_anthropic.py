@@ -33,7 +33,7 @@ def test_claude_code_body():
     (call,) = turn.messages[3].tool_calls
     assert call.name == "Write" and json.loads(call.arguments)["content"] == "hello world\n"
     assert turn.messages[4].tool_call_id == call.id and turn.messages[4].content.startswith("File created")
-    assert "context_management" in turn.extra and "continue_final_message" not in turn.extra
+    assert turn.context_edits is not None and not turn.continue_final
 
 
 def test_pi_body_thinking_enabled():
@@ -71,7 +71,7 @@ def test_blocks_tools_and_choices():
     assert (named.tool_choice.mode, named.tool_choice.name) == ("function", "write")
     prefill = parse_messages_request({"messages": [{"role": "user", "content": "hi"},
                                                    {"role": "assistant", "content": "Sure,"}]})
-    assert prefill.extra["continue_final_message"] is True and prefill.sampling.temperature == 1.0
+    assert prefill.continue_final is True and prefill.sampling.temperature == 1.0
 
 
 @pytest.mark.parametrize("body, param", [
@@ -105,9 +105,9 @@ def test_disable_parallel_tool_use_is_parallel_tool_calls_negated():
     for choice, expected in [({"type": "any", "disable_parallel_tool_use": True}, False),
                              ({"type": "auto", "disable_parallel_tool_use": True}, False),
                              ({"type": "tool", "name": "read", "disable_parallel_tool_use": False}, True)]:
-        assert parse_messages_request({**body, "tool_choice": choice}).extra["parallel_tool_calls"] is expected
+        assert parse_messages_request({**body, "tool_choice": choice}).parallel_tool_calls is expected
     for choice in (None, {"type": "any"}, {"type": "any", "disable_parallel_tool_use": None}):
-        assert "parallel_tool_calls" not in parse_messages_request({**body, "tool_choice": choice}).extra
+        assert parse_messages_request({**body, "tool_choice": choice}).parallel_tool_calls is None
 
 
 def test_message_object():

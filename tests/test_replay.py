@@ -191,7 +191,7 @@ class JumpHooks(BaseHooks):
         self.wrong = wrong
 
     def row_proposers(self, exchange, prepared):
-        oracle = prepared.turn.extra["jumpahead"]["oracle_output"]
+        oracle = prepared.turn.options.oracle_output
         record = self.tokenizer.encode(oracle, add_special_tokens=False)
         tokens = self.tokenizer.encode(" hello world, this is wrong", add_special_tokens=False)[:6] if self.wrong \
             else record[4:10]

@@ -277,7 +277,7 @@ def test_proxy_maps_tool_choice_and_response_format(engine, pi_tools):
     import asyncio
 
     from jumpahead.core.runner import complete_turn, prepare_turn
-    from jumpahead.core.turn import Message, Tool, ToolChoice, Turn
+    from jumpahead.core.turn import Message, ResponseFormat, Tool, ToolChoice, Turn
 
     tools = [Tool(t["function"]["name"], t["function"]["description"], t["function"]["parameters"]) for t in pi_tools]
     turn = Turn(messages=[Message("user", "Run ls")], tools=tools, tool_choice=ToolChoice("function", "bash"),
@@ -291,9 +291,9 @@ def test_proxy_maps_tool_choice_and_response_format(engine, pi_tools):
     assert not out.tool_calls[0].issues
 
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
-    turn = Turn(messages=[Message("user", "hi")], extra={"response_format": fmt})
+    turn = Turn(messages=[Message("user", "hi")], response_format=ResponseFormat.from_wire(fmt))
     assert prepare_turn(engine, turn).request.grammar == {"type": "json_schema", "schema": {"type": "object"}, "strict": True}
-    turn = Turn(messages=[Message("user", "hi")], extra={"text": {"format": {"type": "json_object"}}})
+    turn = Turn(messages=[Message("user", "hi")], response_format=ResponseFormat.from_wire({"type": "json_object"}))
     assert prepare_turn(engine, turn).request.grammar == {"type": "json_object"}
     turn = Turn(messages=[Message("user", "hi")], tools=tools)  # tool_choice auto: scaffold only
     prepared = prepare_turn(engine, turn)

@@ -298,6 +298,7 @@ def _turn(**kw: Any) -> Any:
 
 def test_tool_choice_maps_to_the_family_grammar(tokenizers):
     from jumpahead.core.errors import APIError
+    from jumpahead.core.options import parse_options
     from jumpahead.core.runner import strict_fill_fields
     from jumpahead.core.turn import ToolChoice
 
@@ -307,17 +308,16 @@ def test_tool_choice_maps_to_the_family_grammar(tokenizers):
         assert (grammar["type"], grammar["family"], grammar["parallel"]) == ("tool_calls", family, False)
         assert "count" not in grammar and "name" not in grammar
     tok = tokenizers["kimi"]
-    turn = _turn(extra={"parallel_tool_calls": True})
+    turn = _turn(parallel_tool_calls=True)
     assert strict_fill_fields(tok, turn, turn.tools, False)[0]["parallel"] is True
-    turn = _turn(choice=ToolChoice("function", "add"), extra={"jumpahead": {"tool_calls": 3}})
+    turn = _turn(choice=ToolChoice("function", "add"), options=parse_options({"tool_calls": 3}))
     grammar, _ = strict_fill_fields(tok, turn, turn.tools, False)
     assert (grammar["name"], grammar["parallel"], grammar["count"]) == ("add", False, 3)
     turn = _turn(choice=ToolChoice("auto"))
     assert strict_fill_fields(tok, turn, turn.tools, False)[0] is None  # auto: the template scaffold only
-    for bad in (0, 65, "2", 1.5, True):
-        turn = _turn(extra={"jumpahead": {"tool_calls": bad}})
+    for bad in (0, 65, "2", 1.5, True):  # refused where the request is read, before any grammar
         with pytest.raises(APIError) as err:
-            strict_fill_fields(tok, turn, turn.tools, False)
+            parse_options({"tool_calls": bad})
         assert err.value.status == 400 and "jumpahead.tool_calls" in str(err.value)
 
 

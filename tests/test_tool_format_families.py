@@ -214,12 +214,13 @@ def _event(tok: Any, family: str, output: str, boundary: str = "argument_key") -
                          call_text=output[start + len(fam.start):])
 
 
-def _policy(cls: Any, tok: Any, extra: dict | None = None) -> Any:
+def _policy(cls: Any, tok: Any, oracle: str | None = None) -> Any:
+    from jumpahead.core.options import RequestOptions
     from jumpahead.policies.api import RequestContext, SessionState
     from jumpahead.core.turn import Message, Turn
 
     p = cls()
-    turn = Turn(messages=[Message("user", "x")], tools=_tools(), extra=extra or {})
+    turn = Turn(messages=[Message("user", "x")], tools=_tools(), options=RequestOptions(oracle_output=oracle))
     p.on_request(RequestContext(turn=turn, session=SessionState("s"), tokenizer=tok, context_length=8192))
     return p
 
@@ -241,7 +242,7 @@ def test_online_and_oracle_jumps_write_the_family_format(tokenizers, family):
         assert server_parse(tok, output + iv.text) == [as_parsed(family, call)]
         assert iv.source_in == "output" and output[iv.source[0]:iv.source[1]] == CONTENT
         # the oracle: the recording continues with the same call
-        oracle = _policy(OracleJump, tok, {"jumpahead": {"oracle_output": lead + full}})
+        oracle = _policy(OracleJump, tok, lead + full)
         ov = oracle.on_boundary(event)
         assert ov is not None and output + ov.text == lead + full, (family, ov and ov.text)
         assert "stopped" not in ov.label
@@ -249,7 +250,7 @@ def test_online_and_oracle_jumps_write_the_family_format(tokenizers, family):
     novel = ("write", {"path": "hello.py", "content": "def brand_new_function(argument_one):\n    return 4242"})
     recorded = "I will create hello.py now.\n" + fam.write([novel])
     output = recorded[: recorded.index(fam.start) + _cut(family, fam.write([novel]))]
-    ov = _policy(OracleJump, tok, {"jumpahead": {"oracle_output": recorded}}).on_boundary(_event(tok, family, output))
+    ov = _policy(OracleJump, tok, recorded).on_boundary(_event(tok, family, output))
     assert ov is not None and ov.text and "def" not in ov.text and recorded.startswith(output + ov.text), ov
 
 
@@ -298,6 +299,7 @@ def test_jump_end_to_end_in_the_family_format(default_folder, tmp_path, family):
     from jumpahead.policies.runtime import PolicyHooks
     from jumpahead.core.exchange import Exchange
     from jumpahead.core.runner import complete_turn, prepare_turn
+    from jumpahead.core.options import RequestOptions
     from jumpahead.core.turn import Message, Turn
 
     model, tok, info = load_model(str(family_folder(default_folder, tmp_path, family)), progress=lambda s: None)
@@ -315,9 +317,9 @@ def test_jump_end_to_end_in_the_family_format(default_folder, tmp_path, family):
     jump = tok.encode(full[cut + len(own):], add_special_tokens=False)  # what the jump appends
     engine = Engine(model, tok, info, EngineConfig(max_batch=2, max_asserted=1024, prefix_cache=False))
     try:
-        for policy, extra in (("jump", {}), ("oracle-jump", {"jumpahead": {"oracle_output": full}})):
+        for policy, options in (("jump", RequestOptions()), ("oracle-jump", RequestOptions(oracle_output=full))):
             bias = {int(own_id): 100.0}
-            turn = Turn(messages=[Message("user", "Create hello.py")], tools=_tools(), extra=extra,
+            turn = Turn(messages=[Message("user", "Create hello.py")], tools=_tools(), options=options,
                         max_tokens=len(forced) + 1 + len(jump) + 1, sampling=SamplingParams(logit_bias=bias))
             exchange = Exchange("chat", session_id=f"{family}-{policy}")
             prepared = prepare_turn(engine, turn, exchange=exchange,

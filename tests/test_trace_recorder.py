@@ -8,6 +8,7 @@ turns and echo runs with source spans, re-import with traces.formats, a real
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -27,7 +28,7 @@ from jumpahead.core.exchange import BaseHooks
 from jumpahead.core.prompt import render_prompt
 from jumpahead.core.script import Script, ScriptedCall, ScriptTurn
 from jumpahead.core.session_identity import conversation_session_id
-from jumpahead.core.turn import Message, Turn
+from jumpahead.core.turn import Message, ResponseFormat, Turn
 from jumpahead.traces.formats import load_session
 from jumpahead.traces.recorder import TraceError, TraceRecorder
 from jumpahead.traces.trace_file import read_trace
@@ -76,8 +77,7 @@ class ElideToolResults(BaseHooks):
                 exchange.notes.setdefault("interventions", []).append({"kind": "elide", "chars": len(m.content)})
                 m = Message("tool", "[elided]", tool_call_id=m.tool_call_id, name=m.name)
             messages.append(m)
-        return Turn(messages=messages, tools=turn.tools, tool_choice=turn.tool_choice, sampling=turn.sampling,
-                    max_tokens=turn.max_tokens, stop=turn.stop, stream=turn.stream, model=turn.model, extra=turn.extra)
+        return dataclasses.replace(turn, messages=messages)
 
 
 def _files(directory: Path) -> dict[str, Path]:
@@ -319,17 +319,22 @@ def test_a_response_format_is_recorded_and_replay_asks_with_it(live, engine):
     r = httpx.post(f"{url}/v1/chat/completions", json=body, headers={"x-session-id": "json-1"}, timeout=120)
     assert r.status_code == 200, r.text
     (turn,) = read_trace(directory / "json-1.jsonl")[1]
-    assert turn["context"]["extra"] == {"response_format": {"type": "json_object"}}
+    assert turn["context"]["response_format"] == {"type": "json_object"}
     session = load_session(directory / "json-1.jsonl")
     asked = session.turn(session.assistant_indices()[-1])
-    assert asked.extra == {"response_format": {"type": "json_object"}}
+    assert asked.response_format == ResponseFormat("json_object")
     assert strict_fill_fields(engine.tokenizer, asked, None, False)[0] == {"type": "json_object"}
-    assert turn_from_json(turn["context"]).extra == asked.extra
+    assert turn_from_json(turn["context"]).response_format == asked.response_format
+    # a trace written before the typed Turn kept the protocol's field under "extra"
+    for old in ({"response_format": {"type": "json_object"}}, {"text": {"format": {"type": "json_object"}}},
+                {"output_config": {"format": {"type": "json_object"}}}):
+        context = {k: v for k, v in turn["context"].items() if k != "response_format"}
+        assert turn_from_json({**context, "extra": old}).response_format == ResponseFormat("json_object"), old
     plain = {**body, "messages": [{"role": "user", "content": "Say hi."}]}
     del plain["response_format"]
     assert httpx.post(f"{url}/v1/chat/completions", json=plain, headers={"x-session-id": "json-2"},
                       timeout=120).status_code == 200
-    assert "extra" not in read_trace(directory / "json-2.jsonl")[1][0]["context"]
+    assert "response_format" not in read_trace(directory / "json-2.jsonl")[1][0]["context"]
 
 
 def test_hostile_session_ids_stay_inside_the_trace_dir(live, tmp_path):

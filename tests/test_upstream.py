@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from jumpahead.policies.api import BoundaryEvent, Intervention, Policy
-from jumpahead.proxy.upstream.engine import UpstreamConfig, UpstreamEngine, UpstreamHooks
+from jumpahead.proxy.upstream.engine import UpstreamConfig, UpstreamEngine
 from jumpahead.proxy.upstream.replicas import ReplicaSet
 from jumpahead.proxy.upstream.translate import OutputText
 from jumpahead.traces.trace_file import read_trace
@@ -133,7 +133,6 @@ def front(urls: list[str], tokenizer: Any, policies: list[Any] = (), trace_dir: 
         from jumpahead.traces.recorder import TraceRecorder
 
         hooks.append(TraceRecorder.for_engine(trace_dir, engine))
-    hooks.append(UpstreamHooks())
     with serve(engine, hooks=hooks, script=script) as url:
         yield url, engine
     engine.close()
@@ -364,7 +363,7 @@ def test_jump_is_a_continuation_request_with_the_constructed_prefix(replicas, to
     answer = r.json()
     fill = answer["usage"]["fill"]
     assert fill["upstream"]["requests"] == 2 and fill["upstream"]["jumps"] == 1
-    jump = next(i for i in fill["policies"]["interventions"] if i["policy"] == "jump-into-path")
+    jump = next(i for i in answer["usage"]["report"]["policies"]["interventions"] if i["policy"] == "jump-into-path")
     assert jump["emitted"] == jump["tokens"] > 0
     call = answer["choices"][0]["message"]["tool_calls"][0]
     assert call["function"]["name"] == "read" and _args(call["function"]["arguments"])["path"].startswith("not")
@@ -412,7 +411,7 @@ def test_compaction_and_recording_upstream(replicas, tokenizer, scratch) -> None
         r = httpx.post(f"{url}/v1/chat/completions", timeout=600, headers={"x-session-id": session},
                        json={"model": "m", "messages": messages, "max_tokens": 3, "temperature": 0})
     assert r.status_code == 200, r.text
-    note = next(i for i in r.json()["usage"]["fill"]["policies"]["interventions"] if i["policy"] == "compaction")
+    note = next(i for i in r.json()["usage"]["report"]["policies"]["interventions"] if i["policy"] == "compaction")
     assert note["decision"] == "rewritten" and note["removed"] >= 64
     (got,) = _turns(up["traces"], session)
     sent = got["request"]["body"]["messages"]

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jumpahead.engine.engine import Engine
-from jumpahead.engine.proposal import Proposal, RowView
+from jumpahead.engine.proposal import Proposal, RowView, Wrapper
 
 
 class ForcedOutput:
@@ -105,7 +105,7 @@ class RowProbe:
     calls: list[ProposeCall] = field(default_factory=list)
 
 
-class TimedProposer:
+class TimedProposer(Wrapper):
     """A row's proposer, timed (each call's seconds go to the round they precede)."""
 
     def __init__(self, inner: Any, probe: RowProbe) -> None:

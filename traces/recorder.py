@@ -151,8 +151,7 @@ class TraceRecorder(BaseHooks):
 
     @classmethod
     def for_engine(cls, directory: str | Path, engine: Engine, server: dict[str, Any] | None = None) -> TraceRecorder:
-        info = getattr(engine, "info", None)
-        model = getattr(info, "name", None) or getattr(info, "path", None)
+        model = engine.info.name or engine.info.path
         return cls(directory, tokenizer=getattr(engine, "tokenizer", None), model=None if model is None else str(model),
                    server=server)
 
@@ -268,6 +267,9 @@ class TraceRecorder(BaseHooks):
         record["usage"] = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
                            "total_tokens": usage.total_tokens, "cached_tokens": usage.cached_tokens,
                            "fill": usage.fill}
+        report = usage.report.to_json()
+        if report is not None:  # as the client got it (usage.report)
+            record["usage"]["report"] = report
         notes = dict(exchange.notes)
         record["interventions"] = notes.pop("interventions", [])
         if notes:

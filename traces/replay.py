@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jumpahead.engine.interface import Engine
+from jumpahead.engine.types import ServedModel
 from jumpahead.core.exchange import Exchange
+from jumpahead.core.options import RequestOptions
 from jumpahead.core.prompt import prompt_opens_reasoning
 from jumpahead.core.runner import complete_turn, prepare_turn
 from jumpahead.core.script import ScriptedCall, ScriptTurn, render_turn, turn_tokens
@@ -247,10 +249,9 @@ def _rounds(sizes: list[int], stamps: list[float], calls: list[Any]) -> tuple[li
 async def run_arm_turn(engine: Engine, arm: Arm, hooks: list[Any], plan: PlannedTurn, session_id: str) -> ArmTurn:
     turn = copy.deepcopy(plan.turn)
     turn.max_tokens = len(plan.tokens)
-    options = {"methods": arm.methods}
-    if arm.policy_specs or arm.hooks:
-        options["oracle_output"] = plan.text  # the agreed interface of oracle-jump (policies/jump.py)
-    turn.extra = {**turn.extra, "jumpahead": options}
+    # the recorded answer is the agreed interface of oracle-jump (policies/jump.py)
+    oracle = plan.text if arm.policy_specs or arm.hooks else None
+    turn.options = RequestOptions(methods=tuple(arm.methods), oracle_output=oracle)
     exchange = Exchange(protocol="chat", session_id=f"replay:{session_id}:{arm.name}")
     prepared = await asyncio.to_thread(prepare_turn, engine, turn, exchange, hooks)
     probe = engine.probe(prepared.request.request_id, plan.tokens)
@@ -391,7 +392,7 @@ class Replayer:
 
     model: Any
     tokenizer: Any
-    info: Any
+    info: ServedModel
     options: ReplayOptions
     progress: Any = None  # traces/progress.py Progress (begin / advance)
     warn: Callable[[str], None] | None = None
@@ -565,7 +566,7 @@ def replay(sessions: list[Session], options: ReplayOptions, loaded: tuple[Any, A
             if replayer.progress is not None:
                 replayer.progress.close()
     doc = {
-        "kind": "jumpahead.replay", "version": 1, "model": str(getattr(info, "name", "") or ""),
+        "kind": "jumpahead.replay", "version": 1, "model": info.name,
         "arms": [a.name for a in options.arms],
         "options": {"turns": options.turns, "max_context": options.max_context,
                     "max_output_tokens": options.max_output_tokens, "objective": options.objective,

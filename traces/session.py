@@ -15,7 +15,7 @@ from typing import Any
 
 from jumpahead.core.turn import Message, Tool, ToolCall, ToolChoice, Turn
 
-from .turn_json import generation_extra, message_from_json, message_to_json
+from .turn_json import message_from_json, message_to_json, response_format_from_json
 
 # The conversation is modelled once: a session's messages are the turn pipeline's own
 # `Message`s (with the recorded provenance fields model, timestamp and meta) and its
@@ -133,6 +133,5 @@ class Session:
             turn.tool_choice = ToolChoice(str(choice["mode"]), choice.get("name"))
         if isinstance(meta.get("thinking"), bool):
             turn.thinking = meta["thinking"]
-        if isinstance(meta.get("extra"), dict):  # e.g. a response format: the same grammar again
-            turn.extra = generation_extra(meta["extra"])
+        turn.response_format = response_format_from_json(meta)  # the same grammar again
         return turn

@@ -11,7 +11,7 @@ from dataclasses import asdict
 from typing import Any
 
 from jumpahead.engine.types import SamplingParams
-from jumpahead.core.turn import Message, Tool, ToolCall, ToolChoice, Turn
+from jumpahead.core.turn import Message, ResponseFormat, Tool, ToolCall, ToolChoice, Turn
 
 
 def call_to_json(call: ToolCall) -> dict[str, Any]:
@@ -37,17 +37,32 @@ def message_to_json(m: Message) -> dict[str, Any]:
     return out
 
 
-# Request fields that shape the answer beyond messages, tools, sampling and thinking:
-# a response format (chat `response_format`, Responses `text.format`, Anthropic
-# `output_config.format`) is a grammar, which strict fill follows. Kept so replay asks
-# as the client did. Not kept: the per-request `jumpahead` options (a replay arm sets
-# its own), metadata, user, and parallel_tool_calls (the body has it; a recorded answer
-# already holds the calls it allowed, and replay forces that answer).
-GENERATION_EXTRA = ("response_format", "text", "output_config")
+# Beyond messages, tools, sampling and thinking, a context keeps what shapes the answer:
+# a response format (a grammar strict fill follows) and whether the answer continues the
+# last assistant message, so replay asks as the client did. Not kept: the per-request
+# `jumpahead` options (a replay arm sets its own), metadata, user, and
+# parallel_tool_calls (the body has it; a recorded answer already holds the calls it
+# allowed, and replay forces that answer).
+# Traces written before the typed Turn kept the protocol's own format field under
+# "extra" (chat `response_format`, Responses `text.format`, Anthropic
+# `output_config.format`); `response_format_from_json` reads both.
+_OLD_FORMAT_FIELDS = ("response_format", "text", "output_config")
 
 
-def generation_extra(extra: dict[str, Any]) -> dict[str, Any]:
-    return {k: extra[k] for k in GENERATION_EXTRA if extra.get(k) is not None}
+def response_format_from_json(d: dict[str, Any]) -> ResponseFormat | None:
+    """The response format a recorded context (or a message's replay meta) asks for."""
+    if d.get("response_format") is not None:
+        return ResponseFormat.from_wire(d["response_format"])
+    extra = d.get("extra")
+    if not isinstance(extra, dict):
+        return None
+    for key in _OLD_FORMAT_FIELDS:
+        value = extra.get(key)
+        fmt = ResponseFormat.from_wire(value if key == "response_format" else
+                                       value.get("format") if isinstance(value, dict) else None)
+        if fmt is not None:
+            return fmt
+    return None
 
 
 def _sampling_to_json(s: SamplingParams) -> dict[str, Any]:
@@ -67,9 +82,10 @@ def turn_to_json(turn: Turn) -> dict[str, Any]:
         "thinking": turn.thinking,
         "model": turn.model,
     }
-    extra = generation_extra(turn.extra)
-    if extra:
-        out["extra"] = extra
+    if turn.response_format is not None:
+        out["response_format"] = turn.response_format.as_openai()
+    if turn.continue_final:
+        out["continue_final"] = True
     return out
 
 
@@ -99,5 +115,6 @@ def turn_from_json(d: dict[str, Any]) -> Turn:
         stop=list(d.get("stop") or []),
         thinking=d.get("thinking"),
         model=d.get("model"),
-        extra=generation_extra(d["extra"]) if isinstance(d.get("extra"), dict) else {},
+        response_format=response_format_from_json(d),
+        continue_final=d.get("continue_final") is True,
     )

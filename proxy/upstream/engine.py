@@ -4,7 +4,7 @@ The server, runner, policies and recorder talk to it as to the in-process Engine
 (`tokenizer`, `info`, `context_length`, `validate`, `stream`, `health`, `metrics`,
 `close`). The prompt is still rendered locally with the serving tokenizer (policies
 count tokens, the recorder keeps prompt ids), but what goes upstream is the Turn after
-policies, as messages: `UpstreamHooks.row_proposers` hands it to the request.
+policies, as messages (`GenerationRequest.turn`, which the runner sets).
 
 Per request: one streamed chat completion on the session's replica (replicas.py), its
 deltas turned into model-format text (translate.py) and tokenized locally into
@@ -35,10 +35,9 @@ import httpx
 import orjson
 
 from jumpahead.engine.proposal import Proposal, RowView
-from jumpahead.engine.types import EngineError, GenerationRequest, Timings, TokenChunk
+from jumpahead.engine.types import EngineError, GenerationRequest, ServedModel, Timings, TokenChunk
 
 from jumpahead.core.errors import APIError
-from jumpahead.core.exchange import BaseHooks, Exchange
 from jumpahead.core.prompt import prompt_opens_reasoning
 from jumpahead.core.script import ScriptedProposer
 from jumpahead.core.turn import Turn
@@ -47,17 +46,9 @@ from .translate import OutputText, chat_body
 
 log = logging.getLogger("jumpahead.upstream")
 
-TURN_ATTR = "upstream_turn"  # GenerationRequest attribute: (Turn after policies, session id)
 CONTINUING_OWNERS = ("jumpahead", "vllm", "sglang")  # /v1/models owned_by of engines that continue a prefix
 DEFAULT_CONTEXT = 32768  # when no upstream reports its window
 HEALTH_FAILURES = 2  # failed checks in a row before a replica is skipped (a refused request: at once)
-
-
-@dataclass
-class UpstreamInfo:
-    name: str
-    path: str
-    vocab_size: int | None = None
 
 
 @dataclass
@@ -108,14 +99,6 @@ def _status_error(url: str, status: int, message: str) -> APIError:
     return APIError(f"upstream {url}: {message}", status=status, code="upstream_rejected")
 
 
-class UpstreamHooks(BaseHooks):
-    """Hands each request's Turn (after policies) and session id to the upstream engine."""
-
-    def row_proposers(self, exchange: Exchange, prepared: Any) -> list:
-        setattr(prepared.request, TURN_ATTR, (prepared.turn, exchange.session_id if exchange else ""))
-        return []
-
-
 class UpstreamEngine:
     def __init__(self, config: UpstreamConfig, tokenizer: Any, tokenizer_name: str = "upstream") -> None:
         self.config = config
@@ -127,8 +110,7 @@ class UpstreamEngine:
         self.continuation = bool(config.continuation)
         self.context_length = DEFAULT_CONTEXT
         self.context_known = False
-        self.info = UpstreamInfo(name=config.model or "upstream", path=self.urls[0],
-                                 vocab_size=None)
+        self.info = ServedModel(name=config.model or "upstream", path=self.urls[0])
         self.started_at = time.time()
         self.counters: Counter[str] = Counter()
         self._client: httpx.AsyncClient | None = None
@@ -266,11 +248,9 @@ class UpstreamEngine:
                        code="upstream_unreachable")
 
     async def stream(self, req: GenerationRequest) -> AsyncIterator[TokenChunk]:
-        found = getattr(req, TURN_ATTR, None)
-        if found is None:
+        if not isinstance(req.turn, Turn):
             raise EngineError("upstream mode serves requests that come through the server (no Turn on this request)")
-        turn, session = found
-        run = _Run(self, req, turn, session)
+        run = _Run(self, req, req.turn, req.session_id)
         async for chunk in run.chunks():
             yield chunk
 

@@ -52,7 +52,7 @@ def chat_body(turn: Turn, model: str | None, *, prefix: str | None = None,
     messages = chat_messages(turn)
     if prefix is not None:
         last = turn.messages[-1] if turn.messages else None
-        if turn.extra.get("continue_final_message") and last is not None and last.role == "assistant" \
+        if turn.continue_final and last is not None and last.role == "assistant" \
                 and not last.tool_calls:
             messages[-1] = {**messages[-1], "content": (last.content or "") + prefix}
         else:
@@ -60,7 +60,7 @@ def chat_body(turn: Turn, model: str | None, *, prefix: str | None = None,
     body: dict[str, Any] = {"messages": messages, "stream": True, "stream_options": {"include_usage": True}}
     if model:
         body["model"] = model
-    if prefix is not None or turn.extra.get("continue_final_message"):
+    if prefix is not None or turn.continue_final:
         body["continue_final_message"] = True
         body["add_generation_prompt"] = False
     limit = max_tokens if max_tokens is not None else turn.max_tokens
@@ -91,11 +91,14 @@ def chat_body(turn: Turn, model: str | None, *, prefix: str | None = None,
             body["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
         else:
             body["tool_choice"] = choice.mode
-    for key in ("response_format", "reasoning_effort", "parallel_tool_calls"):
-        # parallel_tool_calls: chat's own, or Anthropic's tool_choice.disable_parallel_tool_use
-        # negated; only with tools (OpenAI rejects it without)
-        if turn.extra.get(key) is not None and (key != "parallel_tool_calls" or turn.tools_enabled):
-            body[key] = turn.extra[key]
+    if turn.response_format is not None:  # whichever protocol's field asked for it
+        body["response_format"] = turn.response_format.as_openai()
+    if turn.extra.get("reasoning_effort") is not None:
+        body["reasoning_effort"] = turn.extra["reasoning_effort"]
+    # chat's own, or Anthropic's disable_parallel_tool_use negated; only with tools
+    # (OpenAI rejects it without)
+    if turn.parallel_tool_calls is not None and turn.tools_enabled:
+        body["parallel_tool_calls"] = turn.parallel_tool_calls
     if turn.thinking is not None:
         body["chat_template_kwargs"] = {"enable_thinking": bool(turn.thinking)}
     return body

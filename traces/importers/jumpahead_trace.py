@@ -25,6 +25,7 @@ from jumpahead.core.turn import Message, ToolCall
 from ..formats import Format, register
 from ..session import Session
 from ..trace_file import is_header, read_trace
+from ..turn_json import response_format_from_json
 
 
 def detect(path: Path, head: bytes) -> bool:
@@ -77,8 +78,9 @@ def _meta(turn: dict[str, Any]) -> dict[str, Any]:
             "tool_choice": ctx.get("tool_choice"), "thinking": ctx.get("thinking"),
             "methods": turn.get("methods", []), "prompt_tokens": turn.get("prompt_tokens"),
             "finish_reason": response.get("finish_reason")}
-    if isinstance(ctx.get("extra"), dict):
-        meta["extra"] = ctx["extra"]  # the response format (turn_json.GENERATION_EXTRA)
+    fmt = response_format_from_json(ctx)
+    if fmt is not None:
+        meta["response_format"] = fmt.as_openai()  # the grammar replay asks for again
     if turn.get("continues"):
         meta["continues"] = True  # the runs hold only the continuation of the client's prefix
     return meta
