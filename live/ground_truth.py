@@ -18,10 +18,12 @@ Contents are compared as the task checks compare them (live/world.py `normalize_
 trailing spaces and trailing newlines do not count), so ground truth and the task's
 check agree on what "the same text" is.
 
-A task with a wrong call is `recovered` when a later call puts every file the wrong
-call touched back to its expected content, and `unnoticed` when no later call touches
-them at all. (The summary calls this outcome "repaired": a recovered task there is one
-whose arm made a wrong supplied call and still succeeded, live/summary.py.)
+A task with a wrong call is `repaired` when a later call puts every file the wrong
+call touched back to its expected content, `not_repaired` when a later call touches
+them and leaves one wrong, and `unnoticed` when no later call touches them at all.
+("Recovered" is the summary's word for a task whose arm made a wrong supplied call and
+still succeeded, live/summary.py: one word, one meaning.) Records written before the
+rename say `recovered` / `unrecovered` for repaired / not repaired (`OLD_OUTCOMES`).
 """
 
 from __future__ import annotations
@@ -125,24 +127,34 @@ def label_call(before: dict[str, bytes], after: dict[str, bytes], expected: dict
 
 def task_outcome(calls: list[dict[str, Any]]) -> str | None:
     """None without a wrong call. Else, for the files the wrong calls changed:
-    `unnoticed` where no later call touches them, `recovered` where each one's last
-    change left it at its expected content, `unrecovered` otherwise. A wrong call that
-    changed nothing (it failed, and its result said so) is `recovered` when a later call
-    is right, else `unrecovered`."""
+    `unnoticed` where no later call touches them, `repaired` where each one's last
+    change left it at its expected content, `not_repaired` otherwise. A wrong call that
+    changed nothing (it failed, and its result said so) is `repaired` when a later call
+    is right, else `not_repaired`."""
     wrong_at = [i for i, c in enumerate(calls) if c.get("truth") == "wrong"]
     if not wrong_at:
         return None
     touched = {p for i in wrong_at for p in calls[i].get("changed", [])}
     later = calls[wrong_at[0] + 1:]
     if not touched:
-        return "recovered" if any(c.get("truth") == "right" for c in later) else "unrecovered"
+        return "repaired" if any(c.get("truth") == "right" for c in later) else "not_repaired"
     if not any(set(c.get("changed", [])) & touched for c in later):
         return "unnoticed"
     last_ok: dict[str, bool] = {}
     for c in calls:
         for path in c.get("changed", []):
             last_ok[path] = path not in c.get("bad_after", [])
-    return "recovered" if all(last_ok.get(p, False) for p in touched) else "unrecovered"
+    return "repaired" if all(last_ok.get(p, False) for p in touched) else "not_repaired"
+
+
+OUTCOMES = ("repaired", "not_repaired", "unnoticed")
+OLD_OUTCOMES = {"recovered": "repaired", "unrecovered": "not_repaired"}  # records before the rename
+
+
+def outcome_of(record: dict[str, Any]) -> str | None:
+    """A task record's ground-truth outcome, in today's words whatever code wrote it."""
+    value = record.get("truth_outcome")
+    return OLD_OUTCOMES.get(value, value) if isinstance(value, str) else None
 
 
 LOOP_REPEATS = 3  # the same call this many times in a row is a loop

@@ -56,7 +56,7 @@ import numpy as np
 
 from jumpahead.traces.accounting import RETRIES, correct_tokens, price, recovery_s, time_to_success
 from .comparisons import compare_arms
-from .ground_truth import LOOP_REPEATS, longest_repeat
+from .ground_truth import LOOP_REPEATS, OUTCOMES, longest_repeat, outcome_of
 from .intervals import BOOTSTRAP, bootstrap_mean, bootstrap_stat, wilson
 
 BASELINE = "ordinary"
@@ -486,9 +486,9 @@ def _arm_summary(arm: str, recs: dict[int, dict[str, Any]], base: dict[int, dict
 def _ground_truth(recs: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """Calls by their ground-truth label, tasks with a wrong call by what followed."""
     calls = [c for r in recs.values() for t in r.get("turns", []) for c in t.get("calls", []) if "truth" in c]
-    outcomes = [r.get("truth_outcome") for r in recs.values()]
+    outcomes = [outcome_of(r) for r in recs.values()]
     return {"calls": {k: sum(1 for c in calls if c["truth"] == k) for k in ("right", "harmless", "wrong")},
-            "tasks": {k: outcomes.count(k) for k in ("recovered", "unrecovered", "unnoticed")},
+            "tasks": {k: outcomes.count(k) for k in OUTCOMES},
             "looped_tasks": sum(1 for r in recs.values() if looped(r))}
 
 
@@ -517,8 +517,8 @@ NOTES = [
     "arms have a time to success, failures paying their redo; net_s = D - P - H - R equals the measured saving there",
     "ground truth: each call's effect on the workspace against the state the task's ideal solution leaves, "
     "texts compared as the task checks compare them (right / wrong / harmless; silent wrong writes and non-zero "
-    "exits are wrong); ground_truth.tasks counts what became of the files a wrong call changed: `recovered` "
-    "there means repaired by a later call (the record's truth_outcome), not the recovery below",
+    "exits are wrong); ground_truth.tasks counts what became of the files a wrong call changed (the record's "
+    "truth_outcome): repaired by a later call, not_repaired, or unnoticed",
     "recovered (recovery.recovered_tasks): a task whose arm made a wrong supplied call and still succeeded; "
     "unrecovered: one that failed",
     "wrong jumps: a `mistaken` label, or the call the jump supplied is wrong by ground truth (per call: the "

@@ -114,6 +114,11 @@ def command_of(summary: dict[str, Any]) -> str:
             + "  # reconstructed: this run's runner did not record its command line")
 
 
+def _table_section(title: str, text: str, table: str, number: int, caption: str, command: str) -> list[str]:
+    """A section that explains a table, then the table and its caption."""
+    return [f"## {title}", "", text, "", table, "", _caption("Table", number, caption, command), ""]
+
+
 def _caption(kind: str, n: int | str, text: str, command: str) -> str:
     return f"*{kind} {n}. {text} Run: `{command}`.*"
 
@@ -238,16 +243,15 @@ def render(summary: dict[str, Any], figs: str = Path(DEFAULT_OUT).stem) -> str:
     lines += [f"- {wt.r_sentence(summary, a)}" for a in cmp] + [""]
     lines += _comparison_section(summary, command)
     lines += _kind_groups_section(summary, command)
-    lines += ["## Ground truth", "",
+    lines += _table_section("Ground truth",
               "Each call is judged by its effect on the workspace against the state the task's ideal solution "
               "leaves (live/ground_truth.py), not by its result text: `right`, `harmless` (changed nothing, did "
               "not fail) or `wrong` (a silent wrong write, an extra or deleted file, an error, a non-zero exit); "
               "texts are compared as the task checks compare them (trailing spaces and newlines aside). A task "
               "with a wrong call has its files repaired when a later call puts them back, unnoticed when no later "
-              "call touches them, else not repaired.", "", wt.truth_table(summary), "",
-              _caption("Table", 3, "Ground truth per arm.", command), ""]
+              "call touches them, else not repaired.", wt.truth_table(summary), 3, "Ground truth per arm.", command)
     lines += [f"- {wt.truth_sentence(summary, a)}" for a in wt.arms_of(summary)] + [""]
-    lines += ["## Recovery and break-even", "",
+    lines += _table_section("Recovery and break-even",
               "A jump is wrong when its policy perturbed it or the call it supplied is wrong by the ground truth "
               "(per call: another call of its turn does not blame it; a jump that cannot be tied to one call of "
               "a several-call turn is counted as unattributed). A wrong jump's tokens count nothing in D. A task "
@@ -255,8 +259,7 @@ def render(summary: dict[str, Any], figs: str = Path(DEFAULT_OUT).stem) -> str:
               "failed. Wrong-jump rate = wrong jumps / jumps; cost per recovery = R of the tasks with a wrong "
               "jump / wrong jumps (pooled over arms where an arm has no measured one); break-even wrong-jump "
               "rate = (D - P - H) / (jumps x cost per recovery): the rate at which their cost would cancel what "
-              "the jumps save.", "", wt.recovery_table(summary), "",
-              _caption("Table", 4, "Recovery per arm that made jumps.", command), ""]
+              "the jumps save.", wt.recovery_table(summary), 4, "Recovery per arm that made jumps.", command)
     lines += figure("recovery")
     lines += [f"- {s}" for s in (wt.breakeven_sentence(summary, a) for a in wt.arms_of(summary)) if s] + [""]
     lines += _limits_section(summary) + ["## Reproduce", "", "```sh", command,

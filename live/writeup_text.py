@@ -11,6 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from .ground_truth import OLD_OUTCOMES, OUTCOMES
+
+
+def _outcome_count(tasks: dict[str, Any], key: str) -> Any:
+    """A ground-truth outcome's count in a summary, under today's key or the old one."""
+    if key in tasks:
+        return tasks[key]
+    old = next((o for o, new in OLD_OUTCOMES.items() if new == key), None)
+    return tasks.get(old) if old else None
+
 BASELINE = "ordinary"
 
 
@@ -94,15 +104,15 @@ def results_table(summary: dict[str, Any]) -> str:
 
 def truth_table(summary: dict[str, Any]) -> str:
     """Calls by their ground-truth label and wrong-call tasks by what became of the files
-    the wrong call changed (summary `ground_truth.tasks`, whose `recovered` key means
-    repaired: "recovered" in the write-up is the recovery table's), per arm."""
+    the wrong call changed (summary `ground_truth.tasks`: repaired, not_repaired,
+    unnoticed; older summaries' `recovered` / `unrecovered`), per arm."""
     lines = ["| arm | calls right | harmless | wrong | wrong-call tasks: files repaired | not repaired | unnoticed |",
              "|" + "---|" * 7]
     for arm in arms_of(summary):
         gt = summary["per_arm"][arm].get("ground_truth", {})
         calls, tasks = gt.get("calls", {}), gt.get("tasks", {})
         lines.append("| " + " | ".join([arm, *(num(calls.get(k)) for k in ("right", "harmless", "wrong")),
-                                        *(num(tasks.get(k)) for k in ("recovered", "unrecovered", "unnoticed"))])
+                                        *(num(_outcome_count(tasks, k)) for k in OUTCOMES)])
                      + " |")
     return "\n".join(lines)
 
@@ -266,7 +276,7 @@ def truth_sentence(summary: dict[str, Any], arm: str) -> str:
     """The arm's wrong calls and wrong-call tasks against the ordinary arm's."""
     gt = summary["per_arm"][arm].get("ground_truth", {})
     calls, tasks = gt.get("calls", {}), gt.get("tasks", {})
-    n_tasks = sum(int(tasks.get(k, 0)) for k in ("recovered", "unrecovered", "unnoticed"))
+    n_tasks = sum(int(_outcome_count(tasks, k) or 0) for k in OUTCOMES)
     base = summary["per_arm"].get(BASELINE, {}).get("ground_truth", {}).get("calls", {})
     text = f"`{arm}` made {num(calls.get('wrong', 0))} wrong calls"
     if arm != BASELINE and base:

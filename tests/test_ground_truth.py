@@ -53,9 +53,9 @@ def test_a_silent_wrong_write_is_wrong_and_a_later_fix_recovers_it() -> None:
         assert task_outcome([bad, read]) == "unnoticed"
         fix = _run(ws, expected, "write_file", dict(args))
         assert fix["truth"] == "right"
-        assert task_outcome([bad, read, fix]) == "recovered"
+        assert task_outcome([bad, read, fix]) == "repaired"
         worse = _run(ws, expected, "write_file", {**args, "content": "x"})
-        assert task_outcome([bad, read, fix, worse]) == "unrecovered"
+        assert task_outcome([bad, read, fix, worse]) == "not_repaired"
 
 
 def test_a_stray_file_a_deletion_and_a_failing_command_are_wrong() -> None:
@@ -71,8 +71,8 @@ def test_a_stray_file_a_deletion_and_a_failing_command_are_wrong() -> None:
         assert "(exit code" in exit1["result"] and exit1["truth"] == "wrong" and exit1["changed"] == []
         listing = _run(ws, expected, "bash", {"command": "ls"})
         assert listing["truth"] == "harmless"
-        assert task_outcome([exit1, listing]) == "unrecovered"
-        assert task_outcome([exit1, listing, _run(ws, expected, "write_file", dict(args))]) == "recovered"
+        assert task_outcome([exit1, listing]) == "not_repaired"
+        assert task_outcome([exit1, listing, _run(ws, expected, "write_file", dict(args))]) == "repaired"
 
 
 def test_a_jump_into_a_silently_wrong_write_counts_as_wrong_in_the_summary() -> None:
@@ -92,7 +92,10 @@ def test_a_jump_into_a_silently_wrong_write_counts_as_wrong_in_the_summary() -> 
     s = summarize(records, ["ordinary", "j"])["per_arm"]["j"]
     assert s["recovery"]["wrong"] == 1 and s["recovery"]["unrecovered_tasks"] == 1
     assert s["ground_truth"] == {"calls": {"right": 0, "harmless": 0, "wrong": 1},
-                                 "tasks": {"recovered": 0, "unrecovered": 0, "unnoticed": 1}, "looped_tasks": 0}
+                                 "tasks": {"repaired": 0, "not_repaired": 0, "unnoticed": 1}, "looped_tasks": 0}
+    # a record written before the rename reads in today's words
+    old = [records[0], {**records[1], "truth_outcome": "recovered"}]
+    assert summarize(old, ["ordinary", "j"])["per_arm"]["j"]["ground_truth"]["tasks"]["repaired"] == 1
 
 
 def test_a_repeated_call_is_a_loop() -> None:

@@ -47,7 +47,7 @@ def _records() -> list[dict]:
                         "wall_s": sum(t["wall_s"] for t in turns), "turns": turns, "n_turns": len(turns),
                         "prompt_tokens": 400 * len(turns),
                         "completion_tokens": sum(t["completion_tokens"] for t in turns),
-                        "cached_tokens": 380 * len(turns), "truth_outcome": "recovered" if wrong else None,
+                        "cached_tokens": 380 * len(turns), "truth_outcome": "repaired" if wrong else None,
                         "longest_repeat": 1, "job": job})
             job += 1
     return out

@@ -47,7 +47,7 @@ from jumpahead.core.script import ScriptedCall, ScriptTurn, render_turn, turn_to
 
 from jumpahead.core.turn import Message
 
-from .accounting import price
+from .accounting import correct_tokens, price
 from .arms import BASELINE, Arm, policy_hooks
 from .recorded import recorded_output
 from .session import Session
@@ -302,7 +302,7 @@ def interventions(arm: ArmTurn, plain_s: float) -> list[dict[str, Any]]:
             end += 1
         if kind != "sampled":
             rounds = sorted({round_of[p] for p in range(pos, end) if p < len(round_of)})
-            good = end - pos if arm.diverged_at is None else max(0, min(end, arm.diverged_at) - pos)
+            good = correct_tokens(end - pos, None if arm.diverged_at is None else arm.diverged_at - pos)
             carried = [r for r in rounds if r > 0]  # round 0 is the prefill: no plain round to compare
             carrying.update(carried)
             cost = price(good, [arm.round_s[r] for r in carried], [arm.round_propose_s[r] for r in carried], plain_s)
