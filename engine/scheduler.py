@@ -17,14 +17,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
-import numpy as np
 
-from .forecast import note_copy, remaining
-from .logprobs import token_logprob
+from .forecast import remaining
 from .model_runner import ModelRunner
 from .proposal import VERIFIED_KINDS, DraftsInGroup, ObservesHidden, Peeks, Proposal, ProposalStats, ReleasesRow, unwrapped
 from .row import Row
-from .width_policy import LONG_MATCH, Acceptance, WidthPolicy, expected_accepted, prior_rate
+from .verification import RowOutcome, acceptance_key, verify_round
+from .width_policy import Acceptance, WidthPolicy, expected_accepted, prior_rate
 
 if TYPE_CHECKING:
     from .prefix_cache import PrefixCache
@@ -384,7 +383,7 @@ class Scheduler:
                     candidates.append((prop, capped))
                     continue
                 # An asserted run cut here continues next round: the row must not
-                # sample between its slices (Proposal.cut; see _choose).
+                # sample between its slices (Proposal.cut; see engine/verification.py).
                 prop.cut = prop.asserted and len(prop.tokens) > keep
                 prop.tokens = prop.tokens[:keep]
                 fixed = prop
@@ -398,7 +397,7 @@ class Scheduler:
             # verified.later_won, /metrics verified_later_won)
             row.stats.later_won += 1
             self.counters["verified_later_won"] += 1
-        forgotten = {self._acceptance_key(found)} if found is not None else set()
+        forgotten = {acceptance_key(found)} if found is not None else set()
         for prop, _ in candidates:
             if prop is not found:
                 self._set_aside(row, prop, forgotten)
@@ -416,7 +415,7 @@ class Scheduler:
         again (once a round per rate: `forgotten` holds the keys already moved, and the
         carried proposal's, whose rate its verification updates), and its method counts
         it under `outranked`, not `proposals`."""
-        key = self._acceptance_key(prop)
+        key = acceptance_key(prop)
         if key not in forgotten:
             forgotten.add(key)
             self._acceptance(row, prop).forget()
@@ -478,7 +477,7 @@ class Scheduler:
             if prop is None or not prop.tokens:
                 continue
             prop.proposer = proposer
-            acc = row.acceptance.get(self._acceptance_key(prop)) or Acceptance(prior_rate=prior_rate(prop.match))
+            acc = row.acceptance.get(acceptance_key(prop)) or Acceptance(prior_rate=prior_rate(prop.match))
             expected = self._sized_expectation(acc.rate, min(budget, len(prop.tokens)), batch, worth)
             if best is None or expected > best[0]:
                 best = (expected, order)
@@ -603,13 +602,14 @@ class Scheduler:
             mx.eval(self.group.arrays())
             self.counters["head_skipped_rounds"] += 1
         where = list(zip(offsets, n_logits))
-        picks = self._choose(rows, props, logits, where)
+        picks = verify_round(rows, props, logits, where, self.counters)
         if self.runner.keep_hidden:
             self._keep_hidden(rows, where, picks)
         counts = []
         done = []
         firsts = [r.position - 1 for r in rows]  # each row's pending token: its first input's position
-        for i, (row, prop, (tokens, kinds, consumed, accepted, sources, logprobs)) in enumerate(zip(rows, props, picks)):
+        for i, (row, prop, outcome) in enumerate(zip(rows, props, picks)):
+            tokens, consumed, accepted = outcome.tokens, outcome.consumed, outcome.accepted
             row.timings.rounds += 1
             row.stats.rounds += 1
             row.stats.forwards += 1
@@ -617,7 +617,8 @@ class Scheduler:
             # the verified method noted per method (Row.commit: before the final chunk's usage.fill)
             method = None if prop is None or prop.asserted else \
                 prop.proposer.name if prop.proposer is not None else prop.kind
-            row.commit(tokens, kinds, accepted, sources, logprobs, proposed=len(prop.tokens) if prop else 0,
+            row.commit(tokens, outcome.kinds, accepted, outcome.sources, outcome.logprobs,
+                       proposed=len(prop.tokens) if prop else 0,
                        method=method, totals=self.totals)
             taken = len(row.output) - before
             if taken < len(tokens):
@@ -657,144 +658,16 @@ class Scheduler:
             if isinstance(proposer, ObservesHidden):
                 proposer.observe_hidden(position, hidden[b][:count])
 
-    def _keep_hidden(self, rows: list[Row], where: list[tuple[int, int]], picks: list) -> None:
+    def _keep_hidden(self, rows: list[Row], where: list[tuple[int, int]], picks: list[RowOutcome]) -> None:
         """Each row's hidden state at the input whose logits chose its new pending token
         (the last one it consumed); None where it got no logits (an asserted run cut)."""
         hidden = self.runner.last_hidden
         for row, (first, count), pick in zip(rows, where, picks):
-            consumed = pick[2]
+            consumed = pick.consumed
             row.hidden = None if count == 0 or hidden is None else hidden[first + (consumed - 1 if count > 1 else 0)]
 
-    def _choose(
-        self,
-        rows: list[Row],
-        props: list[Proposal | None],
-        logits: mx.array,
-        where: list[tuple[int, int]],
-    ) -> list[tuple[list[int], list[str], int, int, list[int | None] | None, list | None]]:
-        """Each row's emitted tokens, their kinds, how many inputs it consumed, how
-        many verified tokens it accepted, where proposal tokens were copied from
-        (absolute source positions per token; None where not a copy), and, for rows
-        that asked, each token's TokenLogprob (None for asserted tokens: never scored).
-
-        logits: [N, V] or None (no row needs any); row b has where[b][1] positions from
-        where[b][0]: one per input (position i predicts the token after the row's i-th
-        input), only its last, or none. Verified tokens are accepted while the row's
-        sampler, at that absolute position, picks them; asserted tokens are taken as
-        given and the row samples after them.
-        """
-        argmax = None if logits is None else mx.argmax(logits, axis=-1)  # [N]
-        need = [
-            b for b, r in enumerate(rows)
-            if (r.sampler.needs_logits or r.constraint is not None or r.req.logprobs is not None) and where[b][1]
-        ]
-        host = None
-        if need:
-            # only the needing rows' logits cross to the host
-            spans = [where[b] for b in need]
-            if sum(n for _, n in spans) == logits.shape[0]:
-                sub = logits
-            else:
-                sub = mx.take(logits, mx.array([o + i for o, n in spans for i in range(n)], dtype=mx.int32), axis=0)
-            mx.eval(argmax, sub)
-            host = np.array(sub.astype(mx.float32), copy=False)
-        elif argmax is not None:
-            mx.eval(argmax)
-        table = [] if argmax is None else argmax.tolist()
-        hosted: dict[int, int] = {}
-        at = 0
-        for b in need:
-            hosted[b] = at
-            at += where[b][1]
-        out = []
-        for b, (row, prop) in enumerate(zip(rows, props)):
-            sampler = row.sampler
-            constraint = row.constraint
-            base = row.position  # absolute position of the first token chosen this round
-            first, count = where[b]
-            top = row.req.logprobs
-            lps: list | None = None if top is None else []  # per emitted token, in order
-
-            def pick(i: int) -> int:
-                j = i if count > 1 else 0  # a single position is the row's last
-                if host is None or b not in hosted:
-                    tok = table[first + j]
-                else:
-                    raw = x = host[hosted[b] + j]
-                    if not (sampler.needs_logits or constraint is not None):
-                        tok = table[first + j]  # hosted for logprobs only: the device argmax decides
-                    else:
-                        if constraint is not None:
-                            x = constraint.mask(x)
-                        tok = sampler.pick(x, base + i)
-                        if constraint is not None:
-                            constraint.accept(tok)
-                    if lps is not None:
-                        lps.append(token_logprob(raw, tok, top))
-                sampler.observe(tok)
-                return tok
-
-            if prop is None:
-                out.append(([pick(0)], ["sampled"], 1, 0, None, lps))
-                continue
-            k = len(prop.tokens)
-            src = None if prop.source is None else [prop.source[0] + i for i in range(k)]
-            if prop.asserted:
-                for t in prop.tokens:
-                    sampler.observe(t)
-                    if constraint is not None:
-                        constraint.accept(t)
-                if lps is not None:
-                    lps.extend([None] * k)  # asserted: appended unscored, no logits exist
-                if prop.cut:
-                    # More asserted tokens follow: the last one becomes the pending
-                    # input of the next round instead of a sampled token after it.
-                    out.append((list(prop.tokens), [prop.kind] * k, k, 0, src, lps))
-                else:
-                    tokens = prop.tokens + [pick(k)]
-                    kinds = [prop.kind] * k + ["sampled"]
-                    out.append((tokens, kinds, 1 + k, 0, None if src is None else [*src, None], lps))
-                feedback = k
-            else:
-                accepted = 0
-                tokens, kinds = [], []
-                for i in range(k + 1):
-                    tok = pick(i)
-                    if i < k and tok == prop.tokens[i]:
-                        accepted += 1
-                        tokens.append(tok)
-                        kinds.append(prop.kind)
-                        continue
-                    tokens.append(tok)
-                    kinds.append("sampled")
-                    break
-                acc = row.acceptance.get(self._acceptance_key(prop))
-                if acc is not None:
-                    acc.observe(k, accepted)
-                if prop.source is not None and prop.kind != "strict":
-                    note_copy(row, prop.source[0], accepted)  # a copy in progress (engine/forecast.py)
-                row.stats.proposed += k
-                row.stats.accepted += accepted
-                row.stats.rejected += k - accepted
-                self.counters["verified_proposed"] += k
-                self.counters["verified_accepted"] += accepted
-                out.append((tokens, kinds, 1 + accepted, accepted,
-                            None if src is None else [*src[:accepted], None], lps))
-                feedback = accepted
-            proposer = prop.proposer
-            if proposer is not None:
-                proposer.feedback(prop, feedback)
-        return out
-
-    @staticmethod
-    def _acceptance_key(prop: Proposal) -> str:
-        name = prop.proposer.name if prop.proposer is not None else prop.kind
-        if not prop.match:
-            return name
-        return f"{name}/{'long' if prop.match >= LONG_MATCH else 'short'}"
-
     def _acceptance(self, row: Row, prop: Proposal) -> Acceptance:
-        key = self._acceptance_key(prop)
+        key = acceptance_key(prop)
         acc = row.acceptance.get(key)
         if acc is None:
             acc = row.acceptance[key] = Acceptance(prior_rate=prior_rate(prop.match))
@@ -815,5 +688,5 @@ class Scheduler:
                 if row.constraint is not None:
                     row.constraint.accept(tok)
                 return tok, prop.kind, None
-        tokens, _, _, _, _, lps = self._choose([row], [None], logits, [(0, 1)])[0]
-        return tokens[0], "sampled", lps[0] if lps else None
+        outcome = verify_round([row], [None], logits, [(0, 1)], self.counters)[0]
+        return outcome.tokens[0], "sampled", outcome.logprobs[0] if outcome.logprobs else None

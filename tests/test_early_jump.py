@@ -468,7 +468,7 @@ def test_early_jump_through_the_http_server_and_the_openai_sdk(jump_engine):
         ("write", {"path": "hello.py", "content": E2E_CONTENT})]
     fill = answer.usage.model_extra["fill"]
     assert fill["tokens"]["jump"] == n_call
-    [item] = fill["policies"]["interventions"]
+    [item] = answer.usage.model_extra["report"]["policies"]["interventions"]  # beside fill: usage.report
     assert item["policy"] == "early-jump" and item["label"].startswith("early write path=hello.py")
 
 

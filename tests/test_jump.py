@@ -504,4 +504,4 @@ def test_jump_through_the_http_server_and_the_openai_sdk(jump_engine):
         ("write", {"path": "hello.py", "content": E2E_CONTENT})]
     fill = answer.usage.model_extra["fill"]
     assert fill["tokens"]["jump"] == len(tok.encode(E2E_TAIL, add_special_tokens=False))
-    assert fill["policies"]["interventions"][0]["label"].startswith("write path=hello.py content from output block")
+    assert answer.usage.model_extra["report"]["policies"]["interventions"][0]["label"].startswith("write path=hello.py content from output block")
