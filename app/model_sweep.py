@@ -1,6 +1,6 @@
 """The child process of `jumpahead bench models` (bench/model_sweep.py): one model
-type loaded as `jumpahead serve` loads it (serve's default arguments, its
-engine_config and attach_defaults), then checked. In app/ because serve's loading
+type loaded as `jumpahead serve` loads it (serve's default arguments and its
+engine_config, whose method specs the Engine attaches), then checked. In app/ because serve's loading
 path is here (bench/ may not import app/)."""
 
 from __future__ import annotations
@@ -15,19 +15,18 @@ def open_engine(folder: str, extra: list[str]) -> Any:
     defaults attached (a problem attaching them: RuntimeError)."""
     import jumpahead.engine  # noqa: F401  (chooses and binds the BLAS before mlx is imported)
     from jumpahead.engine.engine import Engine
+    from jumpahead.engine.methods import MethodError
 
-    from .serve import add_arguments, attach_defaults, engine_config
+    from .serve import add_arguments, engine_config
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(["--model", folder, *extra])
     config, _ = engine_config(args)
-    engine = Engine.load(args.model, config, progress=lambda s: None)
-    problem = attach_defaults(engine, args)
-    if problem:
-        engine.close()
-        raise RuntimeError(problem)
-    return engine
+    try:
+        return Engine.load(args.model, config, progress=lambda s: None)
+    except MethodError as exc:
+        raise RuntimeError(str(exc)) from exc
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -120,14 +120,14 @@ def run(args: argparse.Namespace) -> int:
             loaded = (loaded[0], showing_reasoning(loaded[1]), loaded[2])
         except TemplateError as exc:
             return _fail(str(exc))
-    from jumpahead.engine.drafter import DrafterError
+    from jumpahead.engine.methods import MethodError
 
     try:
         doc = replay(sessions, options, loaded,
                      progress=None if args.quiet else (lambda total, turns: Progress(total, turns)),
                      warn=lambda m: print(f"jumpahead replay: WARNING: {m}", file=sys.stderr))
-    except DrafterError as exc:  # an arm runs method "drafter" and the drafter is not this model's
-        return _fail(f"cannot use the drafter: {exc}")
+    except MethodError as exc:  # an arm runs method "drafter" and the drafter is not this model's
+        return _fail(str(exc))
     if args.show_reasoning:
         doc["options"]["template"] = "earlier reasoning shown (--show-reasoning)"
     emit(doc, args.out)

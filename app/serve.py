@@ -7,7 +7,6 @@ import ipaddress
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -166,88 +165,23 @@ def _policy_specs(args: argparse.Namespace) -> list:
     return specs
 
 
-def attach_drafter(engine: Any, spec: str, explicit_methods: bool) -> str | None:
-    """Load the drafter `spec` names (auto|none|PATH) into `engine`; the problem, or None.
+def method_specs(args: argparse.Namespace) -> dict[str, str | None]:
+    """The specs that these arguments give the registry's stateful methods, each by the
+    option its Lifecycle names (--draft-model, --drafter, --mtp): what the Engine loads
+    and attaches (EngineConfig.method_specs; engine/methods.py attach_methods)."""
+    from jumpahead.engine.methods import REGISTRY
 
-    'auto' loads the drafter trained for the served model: with a LoRA adapter fused, the
-    adapter's own (`<adapter>/drafter`, `train-drafter --adapter`) where it has one,
-    else the one shipped for the default model, only where the served model is the one
-    it was trained for (any other model: nothing, no error); and adds method 'drafter'
-    to the defaults where the drafter's own live A/B on this model says it pays
-    (engine/drafter.py measured_pays) unless --methods chose them."""
-    from jumpahead.engine.drafter import (Drafter, DrafterError, adapter_drafter_path, default_drafter_path,
-                                          measured_pays)
-
-    log = logging.getLogger("jumpahead.serve")
-    auto = spec == "auto"
-    path = None if spec in (None, "", "none", "off") else Path(spec)
-    if auto:
-        adapter = engine.info.adapter
-        path = adapter_drafter_path(adapter) if adapter and adapter_drafter_path(adapter).is_dir() \
-            else default_drafter_path()
-    if path is not None and (not auto or path.is_dir()):  # auto: only where the shipped one exists
-        try:
-            engine.attach_drafter(Drafter.load(path, target=engine.model))
-            log.info("drafter: %s", path)
-        except DrafterError as exc:
-            if not auto:
-                return f"cannot use drafter {spec}: {exc}"
-            log.info("drafter: the shipped one is not for this model (%s)", exc)
-    pays = False
-    if engine.drafter is not None:
-        pays, why = measured_pays(getattr(engine.drafter.drafter, "measurement", None),
-                                  engine.info.adapter_digest)
-        log.info("drafter %s by default: %s", "on" if pays and not explicit_methods else "off", why)
-    return _default_method(engine, "drafter", engine.drafter is not None, pays and not explicit_methods,
-                           "--methods drafter needs a drafter (--drafter PATH)")
-
-
-def attach_mtp(engine: Any, spec: str, explicit_methods: bool) -> str | None:
-    """Load the MTP layer `spec` names (auto|none|PATH) into `engine`; the problem, or None.
-
-    'auto' loads the served folder's own mtp.* weights where it has them (any other
-    model: nothing, no error). Method 'mtp' joins the defaults by the drafter's rule:
-    only where a measurement kept beside the MTP weights (engine/mtp.py MEASURED) says
-    it pays on this model (engine/mtp.py measured_pays), and not where --methods chose
-    them; else it is opt-in (--methods ...,mtp). The log and /health ("mtp") say why."""
-    from jumpahead.engine.mtp import MtpError, measured_pays
-
-    log = logging.getLogger("jumpahead.serve")
-    if spec not in (None, "", "none", "off"):
-        try:
-            engine.load_mtp(spec)
-        except (MtpError, OSError) as exc:
-            return f"cannot use the MTP layer of {spec}: {exc}"
-    pays, why = False, ""
-    if engine.mtp is not None:
-        pays, why = measured_pays(getattr(engine.mtp.head, "measurement", None),
-                                  engine.info.adapter_digest)
-    problem = _default_method(engine, "mtp", engine.mtp is not None, pays and not explicit_methods,
-                              "--methods mtp needs a checkpoint with mtp.* weights (--mtp PATH)")
-    if engine.mtp is not None:
-        on = "mtp" in engine.config.default_methods
-        if explicit_methods:
-            why = f"--methods {'names' if on else 'leaves out'} mtp (measurement: {why})"
-        engine.mtp.by_default = {"on": on, "why": why}
-        log.info("mtp %s by default: %s", "on" if on else "off", why)
-    return problem
-
-
-def _default_method(engine: Any, method: str, loaded: bool, add: bool, missing: str) -> str | None:
-    """After loading what serves `method`: `missing` where --methods names it and
-    nothing was loaded; else add it to the defaults where `add` says so."""
-    defaults = engine.config.default_methods
-    if not loaded:
-        return missing if method in defaults else None
-    if add and method not in defaults:
-        engine.config.default_methods = (*defaults, method)
-    return None
+    return {m.name: getattr(args, m.lifecycle.flag.lstrip("-").replace("-", "_"), None)
+            for m in REGISTRY.values() if m.lifecycle is not None and m.lifecycle.flag}
 
 
 def engine_config(args: argparse.Namespace) -> tuple[Any, tuple[str, ...]]:
     """The EngineConfig `jumpahead serve` runs with these arguments, and the default
     methods (ValueError: bad --methods or --kv-* values). `bench models` loads its
-    models through this and `attach_defaults`, as serve does."""
+    models through this, as serve does: the Engine loads and attaches --draft-model,
+    --drafter and --mtp (EngineConfig.method_specs; engine/methods.py attach_methods),
+    and a drafter or MTP layer whose measurement pays joins the defaults unless
+    --methods chose them (measured_defaults); a problem is a MethodError."""
     from jumpahead.engine.engine import EngineConfig
     from jumpahead.engine.kv_format import parse_kv_format
     from jumpahead.engine.methods import parse_methods
@@ -266,14 +200,10 @@ def engine_config(args: argparse.Namespace) -> tuple[Any, tuple[str, ...]]:
         prefix_cache_dir=args.prefix_cache_dir,
         prefix_cache_ram_bytes=int(args.prefix_cache_ram_gb * (1 << 30)),
         prefix_cache_ssd_bytes=int(args.prefix_cache_ssd_gb * (1 << 30)),
+        method_specs=method_specs(args),
+        measured_defaults=args.methods is None,
     )
     return config, methods
-
-
-def attach_defaults(engine: Any, args: argparse.Namespace) -> str | None:
-    """--drafter and --mtp loaded into `engine` (defaults: auto); the problem, or None."""
-    return attach_drafter(engine, getattr(args, "drafter", "none"), explicit_methods=args.methods is not None) \
-        or attach_mtp(engine, getattr(args, "mtp", "none"), explicit_methods=args.methods is not None)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -322,6 +252,7 @@ def run(args: argparse.Namespace) -> int:
     import jumpahead.engine  # noqa: F401  (chooses and binds the BLAS before mlx is imported)
     from jumpahead.engine.blas import blas_info, set_blas_threads
     from jumpahead.engine.engine import Engine
+    from jumpahead.engine.methods import MethodError
 
     if args.blas_threads:
         set_blas_threads(args.blas_threads)
@@ -347,29 +278,12 @@ def run(args: argparse.Namespace) -> int:
             return 2
     try:
         engine = Engine.load(args.model, config, progress=log.info, adapter=adapter)
+    except MethodError as exc:  # a --draft-model/--drafter/--mtp refused, or --methods naming what is not loaded
+        print(f"jumpahead: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:
         print(f"jumpahead: cannot load model {args.model or '(default)'}: {type(exc).__name__}: {exc}",
               file=sys.stderr)
-        return 2
-
-    if args.draft_model:
-        from jumpahead.engine.draft import DraftModel, DraftModelError, draft_model_folder
-
-        try:
-            spec = draft_model_folder(args.draft_model, progress=log.info)
-            engine.attach_draft(DraftModel.load(spec, engine.tokenizer, progress=log.info))
-        except (DraftModelError, ValueError, OSError) as exc:
-            engine.close()
-            print(f"jumpahead: cannot use draft model {args.draft_model}: {exc}", file=sys.stderr)
-            return 2
-    elif "draft" in methods:
-        engine.close()
-        print("jumpahead: --methods draft needs --draft-model", file=sys.stderr)
-        return 2
-    problem = attach_defaults(engine, args)
-    if problem:
-        engine.close()
-        print(f"jumpahead: {problem}", file=sys.stderr)
         return 2
 
     import uvicorn

@@ -38,7 +38,7 @@ import mlx.core as mx
 
 from jumpahead.core.output import emit
 from jumpahead.bench.echo import COPY_TASKS, _rows, _summary, chat_prompt
-from jumpahead.engine.draft import draft_model_folder
+from jumpahead.engine.methods import MethodError
 from jumpahead.engine.drafter import default_drafter_path, read_meta
 from jumpahead.engine.engine import Engine, EngineConfig
 # Held out: written for this benchmark, never part of the drafter's training prompts
@@ -84,8 +84,8 @@ def _progress(line: str) -> None:
 def run(drafter: str | None, model: str | None = None, tokens: int = 96, repeats: int = 3,
         draft_model: str | None = DEFAULT_DRAFT_MODEL) -> dict[str, Any]:
     path = str(drafter or default_drafter_path())
-    draft_folder = draft_model_folder(draft_model, progress=lambda s: None) if draft_model else None
-    engine = Engine.load(model, EngineConfig(prefix_cache_ssd=False, drafter=path, draft_model=draft_folder),
+    engine = Engine.load(model, EngineConfig(prefix_cache_ssd=False,
+                                             method_specs={"drafter": path, "draft": draft_model}),
                          progress=lambda s: None)
     tok = engine.tokenizer
     plain = [chat_prompt(tok, t) for t in NOTHING_TO_COPY]
@@ -114,7 +114,7 @@ def run(drafter: str | None, model: str | None = None, tokens: int = 96, repeats
             check(f"{label} prompt {i} repeat {r}", got, "ordinary")
 
     arms_b1 = {"ordinary": [], "drafter": ["drafter"]}
-    arms_two = {"ordinary": [], "draft": ["draft"]} if draft_folder else {}
+    arms_two = {"ordinary": [], "draft": ["draft"]} if draft_model else {}
     draft_counts: dict[str, list[dict[str, int]]] = {}
     both = ["echo", "drafter"]
     arms_copy = {"echo": ["echo"], "echo+drafter": both, UNCOMPOSED: both}
@@ -159,7 +159,7 @@ def run(drafter: str | None, model: str | None = None, tokens: int = 96, repeats
         alone(plain, arms_two, "two_b1", "two-model B=1", flip, r)
         got = {}
         for arm in (("draft_latency", *reversed(list(arms_two))) if flip else (*arms_two, "draft_latency")):
-            before = engine.draft.group.stats()
+            before = engine.method_state("draft").group.stats()
             if arm == "draft_latency":
                 default, config.objective = config.objective, "latency"
                 got[arm] = _rows(engine, plain, [["draft"]] * 4, tokens)
@@ -167,7 +167,7 @@ def run(drafter: str | None, model: str | None = None, tokens: int = 96, repeats
             else:
                 got[arm] = _rows(engine, plain, [arms_two[arm]] * 4, tokens)
             if arm != "ordinary":
-                after = engine.draft.group.stats()
+                after = engine.method_state("draft").group.stats()
                 draft_counts.setdefault(arm, []).append({k: after[k] - before[k] for k in _GROUP_COUNTS})
             results.setdefault(f"two_b4_{arm}", []).append(got[arm])
         check(f"two-model B=4 repeat {r}", got, "ordinary")
@@ -268,8 +268,8 @@ def agent_turns(adapter: str, model: str | None = None, tokens: int = 96, repeat
 
     folder = resolve_adapter(adapter)
     path = adapter_drafter_path(folder)
-    engine = Engine.load(model, EngineConfig(prefix_cache_ssd=False, drafter=str(path)), progress=lambda s: None,
-                         adapter=str(folder))
+    engine = Engine.load(model, EngineConfig(prefix_cache_ssd=False, method_specs={"drafter": str(path)}),
+                         progress=lambda s: None, adapter=str(folder))
     tasks = [t for t in world_turns(engine.tokenizer, 2 * prompts, "heldout") if t]
     turns = [t[i % len(t)] for i, t in enumerate(tasks)][:prompts]  # first, second, ... turns in turn
     for p in turns:
@@ -347,8 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = {"bench": "draft", "identical_outputs": True, "mismatches": []} if args.agent_only \
             else run(args.drafter, args.model, args.tokens, args.repeats, spec)
-    except ValueError as exc:  # a bad truncated:N, a draft of another tokenizer family
-        print(f"jumpahead bench draft: cannot use draft model {args.draft_model}: {exc}", file=sys.stderr)
+    except MethodError as exc:  # a bad truncated:N, a draft of another tokenizer family, a drafter not for the model
+        print(f"jumpahead bench draft: {exc}", file=sys.stderr)
         return 2
     if args.adapter:
         out["agent_turns"] = agent_turns(args.adapter, args.model, args.tokens, args.repeats)

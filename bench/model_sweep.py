@@ -5,8 +5,8 @@ load with the reason).
 
 For each type (bench/model_zoo.py builds its tiny random-weight folder), a child
 process (a crash or a hang in one type does not stop the sweep; --timeout per type)
-loads the folder through serve's own path (app/serve.py engine_config and
-attach_defaults, serve's default arguments: app/model_sweep.py) and runs the family
+loads the folder through serve's own path (app/serve.py engine_config, whose method
+specs the Engine attaches; serve's default arguments: app/model_sweep.py) and runs the family
 tests' oracles (tests/test_families.py):
 
 - alone: each of 4 prompts, greedy, equals mlx-lm's `stream_generate` (or differs

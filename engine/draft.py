@@ -27,6 +27,7 @@ shared head) into the cache directory, once.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -515,6 +516,22 @@ def draft_model_folder(spec: str, progress: Callable[[str], None] = print) -> st
     if not raw.isdigit() or int(raw) < 1:
         raise ValueError(f"truncated:N needs a positive number of layers, not {raw!r}")
     return str(ensure_draft_model(int(raw), progress=progress))
+
+
+# --- method "draft"'s lifecycle (engine/methods.py Lifecycle) ---------------------------
+
+
+def load_draft(engine: Any, spec: str) -> DraftModel:
+    """The draft model a `--draft-model` spec names (a folder, or truncated[:N]), for
+    `engine`'s tokenizer (DraftModelError: another family)."""
+    say = logging.getLogger("jumpahead.engine").info
+    return DraftModel.load(draft_model_folder(spec, progress=say), engine.tokenizer, progress=say)
+
+
+def attach_draft(engine: Any, draft: DraftModel) -> DraftModel:
+    """Method "draft"'s state on `engine`: `draft`, refused where its tokenizer is another family."""
+    draft.check_compatible(engine.tokenizer)
+    return draft
 
 
 def main(argv: list[str] | None = None) -> int:

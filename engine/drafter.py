@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ import mlx.nn as nn
 import numpy as np
 
 from .proposal import AdaptiveLength, DraftsInGroup, Proposal, RowView
+
+log = logging.getLogger("jumpahead.engine")
 
 DRAFTER_VERSION = 1
 WEIGHTS = "drafter.safetensors"
@@ -262,6 +265,52 @@ def measured_pays(measurement: dict[str, Any] | None, adapter_digest: str | None
         return False, f"unreadable measurement ({type(exc).__name__}: {exc})"
     return True, (f"saved {saved['mean']:.2f} s per task (95% CI {saved['lo']:.2f} to {saved['hi']:.2f}) "
                   f"over {versus['paired_tasks']} tasks, outputs equal on all {versus['seeds']}")
+
+
+# --- method "drafter"'s lifecycle (engine/methods.py Lifecycle) ---------------------------
+
+
+def load_drafter(engine: Any, spec: str) -> "Drafter | None":
+    """The drafter `spec` names (auto|PATH) for `engine`'s model (DrafterError: not for it).
+
+    'auto' loads the drafter trained for the served model: with a LoRA adapter fused, the
+    adapter's own (`<adapter>/drafter`, `train-drafter --adapter`) where it has one,
+    else the one shipped for the default model, only where the served model is the one
+    it was trained for (any other model: None, no error)."""
+    auto = spec == "auto"
+    path = Path(spec)
+    if auto:
+        adapter = engine.info.adapter
+        path = adapter_drafter_path(adapter) if adapter and adapter_drafter_path(adapter).is_dir() \
+            else default_drafter_path()
+        if not path.is_dir():
+            return None
+    try:
+        drafter = Drafter.load(path, target=engine.model)
+    except DrafterError as exc:
+        if not auto:
+            raise
+        log.info("drafter: the shipped one is not for this model (%s)", exc)
+        return None
+    log.info("drafter: %s", path)
+    return drafter
+
+
+def attach_drafter(engine: Any, drafter: Drafter) -> "DraftGroup":
+    """Method "drafter"'s state: rows keep the target's hidden state
+    (ModelRunner.keep_hidden) and draft together in one DraftGroup."""
+    runner = engine.runner
+    if not runner.split:
+        raise DrafterError(f"{runner.model_type}: a drafter reads the trunk's hidden state, and this "
+                           "model's head is not a plain projection of it")
+    mx.eval(drafter.parameters())  # arrays made lazily elsewhere must exist before the engine thread reads them
+    runner.keep_hidden = True
+    return DraftGroup(drafter, runner.trunk.embed_tokens)
+
+
+def drafter_pays(engine: Any, group: "DraftGroup") -> tuple[bool, str]:
+    """Whether the drafter's own live A/B on the served model says it pays (`measured_pays`)."""
+    return measured_pays(getattr(group.drafter, "measurement", None), engine.info.adapter_digest)
 
 
 def default_drafter_path() -> Path:

@@ -9,7 +9,7 @@ import secrets
 import threading
 import time
 import traceback
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable
 
 import mlx.core as mx
@@ -59,11 +59,15 @@ class EngineConfig:
     prefix_cache_ssd: bool = True
     prefix_cache_dir: str | None = None
     prefix_cache_ssd_bytes: int = 16 << 30
-    draft_model: str | None = None  # mlx-lm folder of a draft model (method "draft")
-    drafter: str | None = None  # folder of a trained drafter head (method "drafter", engine/drafter.py)
-    # Hugging Face folder whose mtp.* weights serve method "mtp" (engine/mtp.py); "auto": the
-    # served model's own folder
-    mtp: str | None = None
+    # What loads each stateful method's state, by method name (engine/methods.py Lifecycle,
+    # attach_methods): "draft": an mlx-lm folder or truncated[:N] (a draft model);
+    # "drafter": auto|PATH (a trained drafter head, engine/drafter.py); "mtp": auto|PATH
+    # (the Hugging Face folder whose MTP weights serve, engine/mtp.py; auto: the served
+    # model's own folder). None/"none": nothing loaded.
+    method_specs: dict[str, str | None] = field(default_factory=dict)
+    # A loaded method whose own recorded measurement on the served model pays joins
+    # default_methods (serve without --methods: engine/methods.py join_defaults).
+    measured_defaults: bool = False
     # Run one throwaway prefill chunk and round at startup (ModelRunner.warm_up), so
     # the first request (a restarted server's cache hit) pays no first-forward costs.
     warm_up: bool = True
@@ -99,27 +103,21 @@ class Engine:
                 objective=self.config.objective,
             ),
         )
-        self.draft = None  # DraftModel, set by attach_draft
-        if self.config.draft_model:
-            from .draft import DraftModel
-
-            self.attach_draft(DraftModel.load(self.config.draft_model, progress=lambda s: None))
-        self.drafter = None  # DraftGroup, set by attach_drafter
-        if self.config.drafter:
-            from .drafter import Drafter
-
-            self.attach_drafter(Drafter.load(self.config.drafter, target=model))
-        self.mtp = None  # Mtp, set by attach_mtp
-        if self.config.mtp:
-            self.load_mtp(self.config.mtp)
         self._wake = threading.Event()
         self.rows = RowRegistry()
         self.prefix_cache = self._make_prefix_cache()
         self.scheduler.prefix_cache = self.prefix_cache
-        if self.draft is not None:
-            self._store_draft_state(self.draft)
-        if self.mtp is not None:
-            self._store_mtp_state()
+        # each stateful method's state and its prefix-cache companion, by method name
+        # (engine/methods.py Lifecycle; `attach`), and why a measured one drafts by default
+        self.method_states: dict[str, Any] = {}
+        self._companions: dict[str, Any] = {}
+        self.method_defaults: dict[str, dict[str, Any]] = {}
+        try:
+            methods.attach_methods(self, self.config.method_specs, self.config.measured_defaults)
+        except BaseException:
+            if self.prefix_cache is not None:
+                self.prefix_cache.close()
+            raise
         # Made now, not on the first request: strict fill imports xgrammar (and torch),
         # ~1 s once per process, which a restarted server's first turn would pay.
         _ = self.strict
@@ -144,81 +142,29 @@ class Engine:
         m, tok, info = load_model(model, progress=progress, adapter=adapter)
         return cls(m, tok, info, config)
 
-    def attach_draft(self, draft: Any) -> None:
-        """Serve method "draft" with `draft` (a DraftModel); refuses another tokenizer family."""
-        draft.check_compatible(self.tokenizer)
-        self.draft = draft
-        if getattr(self, "prefix_cache", None) is not None:  # (None yet while __init__ runs)
-            self._store_draft_state(draft)
+    def attach(self, name: str, loaded: Any) -> Any:
+        """Serve method `name` (a registered method with a Lifecycle) with `loaded`, what
+        its `load` returns: its `attach` checks it against this engine and sets what the
+        runner must keep; the state is kept under `name` (replacing any before it) and
+        its companion, if any, registered with the prefix cache. The state kept."""
+        method = methods.REGISTRY.get(name)
+        lifecycle = method.lifecycle if method is not None else None
+        if lifecycle is None:
+            raise methods.MethodError(f"method {name!r} keeps no state (no Lifecycle in engine/methods.py)")
+        state = lifecycle.attach(self, loaded) if lifecycle.attach is not None else loaded
+        self.method_states[name] = state
+        old = self._companions.pop(name, None)
+        if self.prefix_cache is not None:
+            if old is not None and old in self.prefix_cache.hooks:
+                self.prefix_cache.hooks.remove(old)
+            if lifecycle.companion is not None:
+                self._companions[name] = hook = lifecycle.companion(state)
+                self.prefix_cache.register_companion(hook)
+        return state
 
-    def _store_draft_state(self, draft: Any) -> None:
-        """The prefix cache keeps each row's draft KV beside the target's (engine/draft.py
-        DraftCompanion), so a warm turn does not re-prefill the draft model."""
-        from .draft import DraftCompanion
-
-        if self.prefix_cache is None:
-            return
-        self.prefix_cache.hooks = [h for h in self.prefix_cache.hooks if not isinstance(h, DraftCompanion)]
-        self.prefix_cache.register_companion(DraftCompanion(draft))
-
-    def attach_drafter(self, drafter: Any) -> None:
-        """Serve method "drafter" with a trained Drafter: rows keep the target's hidden
-        state (ModelRunner.keep_hidden) and draft together in one DraftGroup."""
-        from .drafter import DraftGroup, DrafterError
-
-        if not self.runner.split:
-            raise DrafterError(f"{self.runner.model_type}: a drafter reads the trunk's hidden state, and this "
-                               "model's head is not a plain projection of it")
-        mx.eval(drafter.parameters())  # arrays made lazily elsewhere must exist before the engine thread reads them
-        self.runner.keep_hidden = True
-        self.drafter = DraftGroup(drafter, self.runner.trunk.embed_tokens)
-
-    def load_mtp(self, spec: str) -> None:
-        """`spec` "auto": the served folder's own MTP layer where the model type has an
-        MTP layout and the folder keeps it (else none, no error); a folder: its MTP
-        weights for the served model, or MtpError. Layouts: `mtp.*` (qwen3_next,
-        qwen3_5: engine/mtp.py), `model.layers.{N}.*` (deepseek_v3, glm4_moe,
-        glm4_moe_lite: engine/mtp_nextn.py)."""
-        from .mtp import MTP_MODEL_TYPES, MtpHead, model_type, read_mtp_weights
-        from .mtp_nextn import NEXTN_MODEL_TYPES, NextnHead, nextn_prefix, read_nextn_weights
-
-        nextn = model_type(self.model) in NEXTN_MODEL_TYPES
-        if spec == "auto":
-            folder = self.info.path
-            if not folder:
-                return
-            if not (nextn and read_nextn_weights(folder, nextn_prefix(self.model)) is not None or
-                    model_type(self.model) in MTP_MODEL_TYPES and read_mtp_weights(folder) is not None):
-                return
-        else:
-            folder = spec
-        self.attach_mtp((NextnHead if nextn else MtpHead).load(folder, self.model))
-        log.info("mtp: the MTP layer of %s", folder)
-
-    def attach_mtp(self, head: Any) -> None:
-        """Serve method "mtp" with the checkpoint's MTP layer (an MtpHead): the runner keeps
-        the target's hidden state at every input (ModelRunner.keep_all_hidden), which the
-        scheduler hands to each row's MtpProposer."""
-        from .mtp import Mtp, MtpError
-
-        if not self.runner.split:
-            raise MtpError(f"{self.runner.model_type}: MTP reads the trunk's hidden state, and this model's head "
-                           "is not a plain projection of it")
-        mx.eval(head.parameters())
-        self.runner.keep_all_hidden = True
-        self.mtp = Mtp(head, self.model.model.embed_tokens, self.runner.head)
-        if getattr(self, "prefix_cache", None) is not None:  # (None yet while __init__ runs)
-            self._store_mtp_state()
-
-    def _store_mtp_state(self) -> None:
-        """The prefix cache keeps each row's MTP entries beside the target's KV
-        (engine/mtp_companion.py), so a warm turn feeds the MTP layer only new positions."""
-        from .mtp_companion import MtpCompanion
-
-        if self.prefix_cache is None:
-            return
-        self.prefix_cache.hooks = [h for h in self.prefix_cache.hooks if not isinstance(h, MtpCompanion)]
-        self.prefix_cache.register_companion(MtpCompanion(self.mtp.group))
+    def method_state(self, name: str) -> Any:
+        """The state method `name` runs with on this engine (None: none attached)."""
+        return self.method_states.get(name)
 
     def _make_prefix_cache(self) -> Any:
         """The prefix cache this config asks for (None when disabled)."""
@@ -399,14 +345,15 @@ class Engine:
 
     def health(self) -> dict[str, Any]:
         s = self.scheduler
+        drafter, mtp = self.method_state("drafter"), self.method_state("mtp")
         return {
             "status": "ok" if self._thread.is_alive() else "engine thread stopped",
             "model": self.info.name,
             "adapter": _adapter_health(self.info),
             # the trained drafter head loaded for method "drafter" (its folder), or None
-            "drafter": getattr(self.drafter.drafter, "folder", None) if self.drafter is not None else None,
+            "drafter": getattr(drafter.drafter, "folder", None) if drafter is not None else None,
             # the MTP layer loaded for method "mtp": its folder, and why it drafts by default or not
-            "mtp": self.mtp.describe() if self.mtp is not None else None,
+            "mtp": {**mtp.describe(), "by_default": self.method_defaults.get("mtp")} if mtp is not None else None,
             "device": str(mx.default_device()),
             "blas": blas_info(),
             "max_batch": s.config.max_batch,
@@ -426,10 +373,11 @@ class Engine:
         methods = self.scheduler.totals.as_dict().get("methods")
         if methods:
             out["methods"] = methods  # verified proposals per method: accepted lengths, propose time
-        if self.draft is not None:  # the draft model's batched forwards (engine/draft.py DraftModelGroup)
-            out["draft_model"] = self.draft.group.stats()
-        if self.mtp is not None:  # the MTP layer's batched forwards (engine/mtp_group.py MtpGroup)
-            out["mtp_group"] = self.mtp.group.stats()
+        draft, mtp = self.method_state("draft"), self.method_state("mtp")
+        if draft is not None:  # the draft model's batched forwards (engine/draft.py DraftModelGroup)
+            out["draft_model"] = draft.group.stats()
+        if mtp is not None:  # the MTP layer's batched forwards (engine/mtp_group.py MtpGroup)
+            out["mtp_group"] = mtp.group.stats()
         if self.prefix_cache is not None:
             out["prefix_cache"] = self.prefix_cache.stats()
         out["memory"] = self.memory()

@@ -267,6 +267,59 @@ class MtpCache:
         self.kv.trim(max(0, self.offset - max(position, self.start)))
 
 
+# --- method "mtp"'s lifecycle (engine/methods.py Lifecycle) ------------------------------
+
+
+def load_mtp(engine: Any, spec: str) -> nn.Module | None:
+    """The MTP layer `spec` names for `engine`'s model. "auto": the served folder's own
+    where the model type has an MTP layout and the folder keeps it (else None, no
+    error); a folder: its MTP weights for the served model, or MtpError. Layouts: `mtp.*`
+    (qwen3_next, qwen3_5: here), `model.layers.{N}.*` (deepseek_v3, glm4_moe,
+    glm4_moe_lite: engine/mtp_nextn.py)."""
+    from .mtp_nextn import NEXTN_MODEL_TYPES, NextnHead, nextn_prefix, read_nextn_weights
+
+    model = engine.model
+    nextn = model_type(model) in NEXTN_MODEL_TYPES
+    if spec == "auto":
+        folder = engine.info.path
+        if not folder:
+            return None
+        if not (nextn and read_nextn_weights(folder, nextn_prefix(model)) is not None or
+                model_type(model) in MTP_MODEL_TYPES and read_mtp_weights(folder) is not None):
+            return None
+    else:
+        folder = spec
+    head = (NextnHead if nextn else MtpHead).load(folder, model)
+    log.info("mtp: the MTP layer of %s", folder)
+    return head
+
+
+def attach_mtp(engine: Any, head: nn.Module) -> "Mtp":
+    """Method "mtp"'s state: the checkpoint's MTP layer (an MtpHead) with the target's
+    embedding and head; the runner keeps the target's hidden state at every input
+    (ModelRunner.keep_all_hidden), which the scheduler hands to each row's MtpProposer."""
+    runner = engine.runner
+    if not runner.split:
+        raise MtpError(f"{runner.model_type}: MTP reads the trunk's hidden state, and this model's head "
+                       "is not a plain projection of it")
+    mx.eval(head.parameters())
+    runner.keep_all_hidden = True
+    return Mtp(head, engine.model.model.embed_tokens, runner.head)
+
+
+def mtp_companion(mtp: "Mtp") -> Any:
+    """The prefix cache keeps each row's MTP entries beside the target's KV
+    (engine/mtp_companion.py), so a warm turn feeds the MTP layer only new positions."""
+    from .mtp_companion import MtpCompanion
+
+    return MtpCompanion(mtp.group)
+
+
+def mtp_pays(engine: Any, mtp: "Mtp") -> tuple[bool, str]:
+    """Whether the measurement kept beside the MTP weights says it pays on the served model."""
+    return measured_pays(getattr(mtp.head, "measurement", None), engine.info.adapter_digest)
+
+
 # --- serving ----------------------------------------------------------------------------
 
 
@@ -281,12 +334,10 @@ class Mtp:
         self.lm_head = head.logits_fn(lm_head)
         self.drafts = 0  # per-row MTP forwards run (tests)
         self._group: Any = None
-        # whether method "mtp" is among the served defaults, and why (app/serve.py attach_mtp)
-        self.by_default: dict[str, Any] | None = None
 
     def describe(self) -> dict[str, Any]:
-        """/health: where the layer came from, and whether (and why) it drafts by default."""
-        return {"folder": getattr(self.head, "folder", None), "by_default": self.by_default}
+        """/health: where the layer came from (the engine adds whether it drafts by default)."""
+        return {"folder": getattr(self.head, "folder", None)}
 
     @property
     def group(self) -> Any:

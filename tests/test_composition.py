@@ -40,7 +40,7 @@ def ceng(loaded_model, tmp_path_factory):
     from jumpahead.engine.engine import Engine, EngineConfig
     model, tokenizer, info = loaded_model
     cache_dir = str(tmp_path_factory.mktemp("composition-prompt-cache"))
-    eng = Engine(model, tokenizer, info, EngineConfig(max_batch=8, prefix_cache_dir=cache_dir, drafter=str(SHIPPED)))
+    eng = Engine(model, tokenizer, info, EngineConfig(max_batch=8, prefix_cache_dir=cache_dir, method_specs={"drafter": str(SHIPPED)}))
     eng.scheduler.width_policy = frozen_width_policy()
     yield eng
     eng.close()
@@ -206,7 +206,7 @@ def test_unchosen_proposals_are_not_counted(ceng):
     tok = ceng.tokenizer
     prompt = chat_prompt(tok, PROMPTS[1])
     plain = _plain(ceng, prompt, 48)
-    echo, drafter = counting(EchoProposer()), counting(DrafterProposer(ceng.drafter))
+    echo, drafter = counting(EchoProposer()), counting(DrafterProposer(ceng.method_state("drafter")))
     totals_before = {k: dict(v) for k, v in ceng.scheduler.totals.methods.items()}
     out = run_rows(ceng, [GenerationRequest(prompt=prompt, max_tokens=48, methods=["off"], proposers=[echo, drafter])])[0]
     assert out["tokens"] == plain
@@ -266,7 +266,7 @@ def test_a_row_whose_copy_outranks_the_draft_is_not_drafted_for(ceng):
     tok = ceng.tokenizer
     prompt = chat_prompt(tok, PROMPTS[1])
     plain = _plain(ceng, prompt, 48)
-    config, group = ceng.scheduler.config, ceng.drafter
+    config, group = ceng.scheduler.config, ceng.method_state("drafter")
     runs = {}
     config.objective = "latency"
     try:

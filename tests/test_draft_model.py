@@ -52,7 +52,7 @@ def deng(loaded_model, tmp_path_factory):
     cache_dir = str(tmp_path_factory.mktemp("draft-model-prompt-cache"))
     eng = Engine(model, tokenizer, info, EngineConfig(max_batch=4, cost_aware=False, prefix_cache_dir=cache_dir))
     eng.scheduler.width_policy = frozen_width_policy()
-    eng.attach_draft(DraftModel.load(ensure_draft_model(4, progress=lambda s: None), tokenizer,
+    eng.attach("draft", DraftModel.load(ensure_draft_model(4, progress=lambda s: None), tokenizer,
                                      progress=lambda s: None))
     yield eng
     eng.close()
@@ -137,7 +137,7 @@ def test_grouped_draft_equals_ordinary_greedy_decoding(deng, loaded_model, batch
         m = got["fill"]["methods"]["draft"]
         assert m["proposals"] > 0, got["fill"]
     deng.flush_prefix_cache()  # (a row's last chunk goes out before it retires)
-    assert deng.draft.group.members == [], "retired rows must leave the draft group"
+    assert deng.method_state("draft").group.members == [], "retired rows must leave the draft group"
 
 
 def test_target_as_its_own_draft_is_accepted_in_a_batch_of_four(loaded_model):
@@ -149,7 +149,7 @@ def test_target_as_its_own_draft_is_accepted_in_a_batch_of_four(loaded_model):
 
     model, tok, info = loaded_model
     with engine_of(loaded_model, max_batch=4, cost_aware=False, prefix_cache=False) as eng:
-        eng.attach_draft(DraftModel(model, tok, info, target_tokenizer=tok))
+        eng.attach("draft", DraftModel(model, tok, info, target_tokenizer=tok))
         reqs = _draft_reqs(tok, 4, max_tokens=[20, 12, 16, 8])
         plain = run_rows(eng, [GenerationRequest(prompt=r.prompt, max_tokens=r.max_tokens, methods=["off"])
                                for r in reqs])
@@ -159,7 +159,7 @@ def test_target_as_its_own_draft_is_accepted_in_a_batch_of_four(loaded_model):
         methods = [o["fill"]["methods"]["draft"] for o in out]
         proposed, accepted = sum(m["proposed"] for m in methods), sum(m["accepted"] for m in methods)
         assert accepted >= 0.8 * proposed > 0, methods
-        group = eng.draft.group  # every row drafts every round: the forwards are shared
+        group = eng.method_state("draft").group  # every row drafts every round: the forwards are shared
         assert 2 * group.catch_ups < group.rows_drafted and group.forwards < group.row_forwards, group.stats()
 
 
@@ -171,14 +171,14 @@ def test_rows_join_and_leave_mid_run(deng, loaded_model):
         reqs = _draft_reqs(tok, 4, max_tokens=[8, 16, 12, 10])
         plain = run_rows(deng, [GenerationRequest(prompt=r.prompt, max_tokens=r.max_tokens, methods=["off"])
                                 for r in reqs])
-        joins = deng.draft.group.joins
+        joins = deng.method_state("draft").group.joins
         drafted = run_rows(deng, reqs)
     finally:
         deng.scheduler.config.max_batch = 4
     for r, got, want in zip(reqs, drafted, plain):
         assert_same_or_near_tie(loaded_model[0], r.prompt, got["tokens"], want["tokens"])
     deng.flush_prefix_cache()
-    assert deng.draft.group.joins - joins >= 4 and deng.draft.group.members == []
+    assert deng.method_state("draft").group.joins - joins >= 4 and deng.method_state("draft").group.members == []
 
 
 def test_seeded_sampling_emits_the_targets_tokens(deng, loaded_model):
@@ -199,7 +199,7 @@ def test_four_rows_draft_in_shared_forwards(deng):
     """At B=4 the draft forwards are shared: drafting row by row runs a catch-up forward
     per row and round and a chain forward per row and drafted token (row_forwards, what
     the same drafts cost one row at a time); the group runs one of each for all rows."""
-    group = deng.draft.group
+    group = deng.method_state("draft").group
     tok = deng.tokenizer
     counters = ("forwards", "catch_ups", "row_forwards", "chains", "rows_drafted")
     before = [getattr(group, c) for c in counters]
@@ -245,7 +245,7 @@ def test_warm_turn_restores_the_draft_state_from_the_prefix_cache(deng, loaded_m
     tokens after it, not the prompt; the output is still ordinary decoding's."""
     tok = deng.tokenizer
     first = chat_prompt(tok, PROMPTS[1] + f" ({tier})")
-    p1 = deng.draft.proposer()
+    p1 = deng.method_state("draft").proposer()
     one = run_rows(deng, [GenerationRequest(prompt=first, max_tokens=16, methods=["off"], proposers=[p1])])[0]
     assert p1.fed >= len(first), "turn 1 must prefill the draft model"
     deng.flush_prefix_cache()
@@ -256,7 +256,7 @@ def test_warm_turn_restores_the_draft_state_from_the_prefix_cache(deng, loaded_m
     extra = tok.encode("<|im_end|>\n<|im_start|>user\nThanks. Now say it again in one sentence.<|im_end|>\n"
                        "<|im_start|>assistant\n", add_special_tokens=False)
     second = first + answer + extra
-    p2 = deng.draft.proposer()
+    p2 = deng.method_state("draft").proposer()
     got = run_rows(deng, [GenerationRequest(prompt=second, max_tokens=16, methods=["off"], proposers=[p2])])[0]
     assert got["fill"]["methods"]["draft"]["proposals"] > 0
     # at most turn 1's answer (a last round's tokens the draft never saw), the new message
@@ -283,8 +283,8 @@ def test_sliding_window_draft_in_a_batch(tmp_path):
     model, tok, info = load_model(str(folder), progress=lambda s: None)
     eng = Engine(model, tok, info, EngineConfig(max_batch=2, cost_aware=False, prefix_cache=False))
     try:
-        eng.attach_draft(DraftModel(model, tok, info, target_tokenizer=tok))
-        assert eng.draft.group.cache.windowed or eng.draft.runner.windowed
+        eng.attach("draft", DraftModel(model, tok, info, target_tokenizer=tok))
+        assert eng.method_state("draft").group.cache.windowed or eng.method_state("draft").runner.windowed
         prompts = [chat_prompt(tok, p) for p in PROMPTS[:2]]
         assert min(len(p) for p in prompts) > 3 * WINDOW
         reqs = [GenerationRequest(prompt=p, max_tokens=16, methods=["draft"]) for p in prompts]
@@ -315,4 +315,4 @@ def test_a_draft_row_sits_out_behind_a_long_copy_and_drafts_again(deng, loaded_m
     assert copy_row["draft"]["sat_out"] > 0 and copy_row["echo"]["accepted"] > 0, got[0]["fill"]
     assert sum(g["fill"]["methods"]["draft"]["proposals"] for g in got) > 0
     deng.flush_prefix_cache()
-    assert deng.draft.group.members == []
+    assert deng.method_state("draft").group.members == []

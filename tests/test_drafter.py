@@ -42,7 +42,7 @@ def dengine(loaded_model, tmp_path_factory):
         pytest.fail(f"the shipped drafter is missing at {SHIPPED} (jumpahead train-drafter writes it)")
     model, tokenizer, info = loaded_model
     cache_dir = str(tmp_path_factory.mktemp("drafter-prompt-cache"))
-    eng = Engine(model, tokenizer, info, EngineConfig(max_batch=8, prefix_cache_dir=cache_dir, drafter=str(SHIPPED)))
+    eng = Engine(model, tokenizer, info, EngineConfig(max_batch=8, prefix_cache_dir=cache_dir, method_specs={"drafter": str(SHIPPED)}))
     eng.scheduler.width_policy = frozen_width_policy()  # which rounds draft must not hang on this machine's load
     yield eng
     eng.close()
@@ -167,7 +167,7 @@ def test_telemetry_adds_up(dengine):
 
 def test_one_batched_chain_drafts_for_every_row(dengine):
     """Grouped drafting: rows of one round share one chain (fewer chains than drafts)."""
-    group: DraftGroup = dengine.drafter
+    group: DraftGroup = dengine.method_state("drafter")
     tok = dengine.tokenizer
     chains, rows = group.chains, group.rows_drafted
     dengine.scheduler.config.objective = "latency"  # every row drafts (no throughput gating)
@@ -295,7 +295,6 @@ def test_train_drafter_for_an_adapter_reuses_prefixes_and_serve_loads_it(tmp_pat
     import subprocess
     import sys
 
-    from jumpahead.app.serve import attach_drafter
     from jumpahead.engine.engine import Engine, EngineConfig
     from jumpahead.live.adapter import resolve_adapter
 
@@ -315,16 +314,16 @@ def test_train_drafter_for_an_adapter_reuses_prefixes_and_serve_loads_it(tmp_pat
     assert summary["prompts"]["task_world"] == turns and summary["prompts"]["repeats_dropped"] >= 0
     assert summary["valid_step1"] > summary["valid_step1_before"]
     assert summary["prefill"]["cached_tokens"] > summary["prefill"]["prompt_tokens"] / 2, summary["prefill"]
-    eng = Engine.load(None, EngineConfig(prefix_cache=False), progress=lambda s: None, adapter=str(adapter))
+    auto = EngineConfig(prefix_cache=False, method_specs={"drafter": "auto"}, measured_defaults=True)
+    eng = Engine.load(None, auto, progress=lambda s: None, adapter=str(adapter))
     try:
-        assert attach_drafter(eng, "auto", explicit_methods=False) is None
-        assert eng.drafter is not None and eng.drafter.drafter.draft_vocab == 512  # the adapter's, not the shipped one
+        assert eng.method_state("drafter").drafter.draft_vocab == 512  # the adapter's, not the shipped one
     finally:
         eng.close()
-    plain = Engine.load(None, EngineConfig(prefix_cache=False), progress=lambda s: None)
+    plain = Engine.load(None, EngineConfig(prefix_cache=False, method_specs={"drafter": "auto"}, measured_defaults=True),
+                        progress=lambda s: None)
     try:
-        assert attach_drafter(plain, "auto", explicit_methods=False) is None
-        assert plain.drafter.drafter.draft_vocab == read_meta(SHIPPED)["draft_vocab"]  # no adapter: the shipped one
+        assert plain.method_state("drafter").drafter.draft_vocab == read_meta(SHIPPED)["draft_vocab"]  # no adapter: the shipped one
     finally:
         plain.close()
 
@@ -399,7 +398,7 @@ def test_torch_trainer_reproduces_the_engine_and_its_weights_import(tmp_path, lo
     meta = read_meta(drafter_dir)
     assert meta["ffn"] == 128 and meta["draft_vocab"] == 256 and meta["training"]["tokens"] == summary["tokens"]
     model, tokenizer, info = loaded_model
-    eng = Engine(model, tokenizer, info, EngineConfig(max_batch=4, prefix_cache=False, drafter=str(drafter_dir)))
+    eng = Engine(model, tokenizer, info, EngineConfig(max_batch=4, prefix_cache=False, method_specs={"drafter": str(drafter_dir)}))
     try:
         reqs = [GenerationRequest(prompt=chat_prompt(tokenizer, t), max_tokens=32, methods=m)
                 for t in PROMPTS[:2] for m in (["off"], ["drafter"])]
@@ -471,13 +470,14 @@ def test_a_drafter_joins_the_defaults_only_where_its_measurement_says_it_pays(tm
 
 def test_serve_adds_the_adapters_drafter_to_its_defaults_where_it_pays(tmp_path):
     """The real engine with the shipped adapter fused (a copy, whose drafter/ folder this
-    test writes the measurement into): `attach_drafter(auto)` adds method 'drafter' to
-    the defaults only with a paying measurement for this adapter, never over --methods."""
+    test writes the measurement into): `--drafter auto` (engine/methods.py attach_methods)
+    adds method 'drafter' to the defaults only with a paying measurement for this
+    adapter, never over --methods."""
     import hashlib
 
-    from jumpahead.app.serve import attach_drafter
     from jumpahead.engine.drafter import MIN_PAIRED_TASKS, adapter_drafter_path, measured_pays, read_measurement
     from jumpahead.engine.engine import Engine, EngineConfig
+    from jumpahead.engine.methods import attach_methods
     from jumpahead.live.adapter import resolve_adapter
     from jumpahead.live.drafter_measurement import record_measurement
 
@@ -494,8 +494,8 @@ def test_serve_adds_the_adapters_drafter_to_its_defaults_where_it_pays(tmp_path)
 
         def attach(explicit: bool = False) -> tuple:
             eng.config.default_methods = base
-            assert attach_drafter(eng, "auto", explicit_methods=explicit) is None
-            assert eng.drafter.drafter.folder == str((adapter / "drafter").resolve())
+            attach_methods(eng, {"drafter": "auto"}, measured_defaults=not explicit)
+            assert eng.method_state("drafter").drafter.folder == str((adapter / "drafter").resolve())
             return tuple(eng.config.default_methods)
 
         assert "drafter" not in attach()  # no measurement: off

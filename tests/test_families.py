@@ -200,13 +200,13 @@ def test_methods_equal_ordinary(family, family_dir, fam, method):
 
     f = family(fam)
     eng = f["engine"]
-    if method == "draft" and eng.draft is None and fam == REAL:  # its own weights as the draft
-        eng.attach_draft(DraftModel(f["model"], f["tokenizer"], f["info"], target_tokenizer=f["tokenizer"]))
-    elif method == "draft" and eng.draft is None:
+    if method == "draft" and eng.method_state("draft") is None and fam == REAL:  # its own weights as the draft
+        eng.attach("draft", DraftModel(f["model"], f["tokenizer"], f["info"], target_tokenizer=f["tokenizer"]))
+    elif method == "draft" and eng.method_state("draft") is None:
         dm, _, di = load_model(str(family_dir("llama")), progress=lambda s: None)
         # The same tokenizer files; transformers picks its class by model_type (qwen3_5
         # gets Qwen2's pre-tokenizer), so the draft is given the target's tokenizer.
-        eng.attach_draft(DraftModel(dm, f["tokenizer"], di, target_tokenizer=f["tokenizer"]))
+        eng.attach("draft", DraftModel(dm, f["tokenizer"], di, target_tokenizer=f["tokenizer"]))
     want = ordinary(f, 2)
     chunks = eng.generate_sync(GenerationRequest(prompt=f["prompts"][2], max_tokens=N, methods=[method]))
     assert "declined" not in chunks[-1].fill, chunks[-1].fill

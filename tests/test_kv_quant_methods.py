@@ -108,12 +108,13 @@ def served(folders):
             # every row drafts every round: proposals sized by the frozen default costs, not priced out
             eng = Engine(model, tok, info, EngineConfig(max_batch=4, cost_aware=False, objective="latency",
                                                         prefix_cache=False, warm_up=False,
-                                                        kv_format=FORMATS[fmt], mtp="auto" if method == "mtp" else None))
+                                                        kv_format=FORMATS[fmt],
+                                                        method_specs={"mtp": "auto" if method == "mtp" else None}))
             eng.scheduler.width_policy = frozen_width_policy()
             if method == "draft":
-                eng.attach_draft(DraftModel(model, tok, info, target_tokenizer=tok))
+                eng.attach("draft", DraftModel(model, tok, info, target_tokenizer=tok))
             elif method == "drafter":
-                eng.attach_drafter(bigram_drafter(model))
+                eng.attach("drafter", bigram_drafter(model))
             prompts = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True)
                        for t in TEXTS]
             made[key] = {"engine": eng, "model": model, "prompts": prompts, "format": FORMATS[fmt], "ordinary": {}}
@@ -206,26 +207,26 @@ def test_method_staggered_four_equals_ordinary_under_kv_bits(served, method, fmt
         deadline = time.monotonic() + 30  # (a row's last chunk goes out before it retires)
         while not eng.scheduler.idle and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert eng.draft.group.members == [], "retired rows must leave the draft group"
+        assert eng.method_state("draft").group.members == [], "retired rows must leave the draft group"
 
 
 def test_proposers_keep_their_own_state_at_full_precision(served):
     """Only the target's attention KV takes the format: the draft model's runner and the
     MTP layer's cache have none (their KV is theirs, never verified against)."""
     f = served("draft", "k8v8")
-    assert f["engine"].draft.runner.kv_format is None
+    assert f["engine"].method_state("draft").runner.kv_format is None
     f = served("mtp", "k8v8")
-    group = f["engine"].mtp.group
+    group = f["engine"].method_state("mtp").group
     assert f["engine"].runner.kv_format == FORMATS["k8v8"]
     assert all(getattr(layer, "fmt", None) is None for layer in group.cache.layers), group.cache.layers
 
 
 def test_serve_parses_kv_bits_with_each_method_and_attaches_it(folders, tmp_path):
-    """`jumpahead serve --kv-bits 8 --methods ...` (app/serve.py engine_config, then what
-    run attaches: --draft-model, --drafter PATH, --mtp auto) loads each combination."""
+    """`jumpahead serve --kv-bits 8 --methods ...` (app/serve.py engine_config, whose
+    method specs the Engine attaches: --draft-model, --drafter PATH, --mtp auto) loads
+    each combination."""
     from jumpahead.app.cli import build_parser
-    from jumpahead.app.serve import attach_defaults, engine_config
-    from jumpahead.engine.draft import DraftModel, draft_model_folder
+    from jumpahead.app.serve import engine_config
     from jumpahead.engine.drafter import target_fingerprint
     from jumpahead.engine.engine import Engine
 
@@ -242,9 +243,7 @@ def test_serve_parses_kv_bits_with_each_method_and_attaches_it(folders, tmp_path
     config.warm_up = False
     eng = Engine.load(args.model, config, progress=lambda s: None)
     try:
-        eng.attach_draft(DraftModel.load(draft_model_folder(args.draft_model, progress=lambda s: None),
-                                         eng.tokenizer, progress=lambda s: None))
-        assert attach_defaults(eng, args) is None and eng.draft is not None
+        assert config.method_specs["draft"] == str(llama) and eng.method_state("draft") is not None
     finally:
         eng.close()
 
@@ -259,8 +258,8 @@ def test_serve_parses_kv_bits_with_each_method_and_attaches_it(folders, tmp_path
     config.warm_up = False
     eng = Engine.load(args.model, config, progress=lambda s: None)
     try:
-        assert attach_defaults(eng, args) is None
-        assert eng.drafter is not None and eng.mtp is not None and eng.runner.kv_format == KVFormat(8, 8)
+        assert eng.method_state("drafter") is not None and eng.method_state("mtp") is not None
+        assert eng.runner.kv_format == KVFormat(8, 8)
         out = run_rows(eng, [GenerationRequest(prompt=[1, 2, 3, 4, 5], max_tokens=6, methods=[m])
                              for m in ("drafter", "mtp")])
         assert all(len(o["tokens"]) == 6 for o in out)
@@ -300,10 +299,10 @@ def test_second_turn_restores_the_methods_state_beside_the_quantized_prefix(fold
     def engine() -> Engine:
         eng = Engine(model, tok, info, EngineConfig(max_batch=2, cost_aware=False, objective="latency", warm_up=False,
                                                     prefix_cache_dir=str(tmp_path), kv_format=KVFormat(8, 8),
-                                                    mtp="auto" if method == "mtp" else None))
+                                                    method_specs={"mtp": "auto" if method == "mtp" else None}))
         eng.scheduler.width_policy = frozen_width_policy()
         if method == "draft":
-            eng.attach_draft(DraftModel(model, tok, info, target_tokenizer=tok))
+            eng.attach("draft", DraftModel(model, tok, info, target_tokenizer=tok))
         return eng
 
     def turn(eng: Engine, prompt: list[int], methods: list[str], proposer=None) -> tuple[dict, int]:
@@ -340,7 +339,7 @@ def test_second_turn_restores_the_methods_state_beside_the_quantized_prefix(fold
                 eng = engine()
             if label == "ssd":
                 eng.prefix_cache.clear_ram()  # only the SSD tier holds the entries now
-            proposer = (eng.draft if method == "draft" else eng.mtp).proposer()
+            proposer = (eng.method_state("draft") if method == "draft" else eng.method_state("mtp")).proposer()
             got, hit = turn(eng, second, ["off"], proposer)
             assert hit >= len(first), f"{label}: the second turn did not hit the prefix cache ({hit})"
             # the method's state over the cached prefix came back with it: it was fed at most

@@ -54,7 +54,7 @@ def served(folders):
             made.clear()
             model, tok, info = load_model(str(folders(fam, predictable)), progress=lambda s: None)
             # every row drafts every round (latency objective, default costs frozen)
-            eng = Engine(model, tok, info, EngineConfig(max_batch=4, prefix_cache=False, mtp="auto",
+            eng = Engine(model, tok, info, EngineConfig(max_batch=4, prefix_cache=False, method_specs={"mtp": "auto"},
                                                         objective="latency", warm_up=False))
             eng.scheduler.width_policy = frozen_width_policy()
             made[key] = eng
@@ -80,10 +80,10 @@ def test_loader_keeps_the_saved_mtp_weights(folders, served, fam):
     raw, hf = read_mtp_weights(folder)
     assert hf and set(raw) == set(saved)
     eng = served(fam)
-    assert eng.mtp is not None
-    params = dict(tree_flatten(eng.mtp.head.parameters()))
-    dim = eng.mtp.head.fc.weight.shape[0]
-    assert eng.mtp.head.fc.weight.shape == (dim, 2 * dim)
+    assert eng.method_state("mtp") is not None
+    params = dict(tree_flatten(eng.method_state("mtp").head.parameters()))
+    dim = eng.method_state("mtp").head.fc.weight.shape[0]
+    assert eng.method_state("mtp").head.fc.weight.shape == (dim, 2 * dim)
     checked = 0
     for name, value in saved.items():
         key = name.removeprefix("mtp.")
@@ -136,7 +136,7 @@ def check_entries_are_the_targets(eng, seq: list[int], n: int, keys, values) -> 
     embedding of x_{t+1})."""
     toks = mx.array([seq[: n + 1]], dtype=mx.int32)
     fresh = MtpCache(0)
-    eng.mtp.head(eng.model.model(toks[:, :n]), eng.mtp.embed(toks[:, 1:]), fresh)
+    eng.method_state("mtp").head(eng.model.model(toks[:, :n]), eng.method_state("mtp").embed(toks[:, 1:]), fresh)
     for got, want in zip((keys, values), fresh.kv.keys_and_values()):
         got, want = np.asarray(got)[..., :n, :], np.array(want[0, ..., :n, :].astype(mx.float32))
         assert np.abs(got - want).max() <= 2e-3 * np.abs(want).max(), "an MTP entry not from the target's state"
@@ -164,7 +164,7 @@ def cache_engine(folders, tmp_path, ssd: bool = False):
     from jumpahead.engine.loader import load_model
 
     model, tok, info = load_model(str(folders("qwen3_next", True)), progress=lambda s: None)
-    eng = Engine(model, tok, info, EngineConfig(max_batch=2, mtp="auto", objective="latency", warm_up=False,
+    eng = Engine(model, tok, info, EngineConfig(max_batch=2, method_specs={"mtp": "auto"}, objective="latency", warm_up=False,
                                                 prefix_cache_ssd=ssd, prefix_cache_dir=str(tmp_path)))
     eng.scheduler.width_policy = frozen_width_policy()
     return eng
@@ -221,7 +221,7 @@ def test_mtp_cache_holds_the_entries_of_the_targets_states(served, fam):
     MTP cache's entry at every committed position t equals a fresh forward of the MTP
     layer over (mlx-lm's own hidden state of the target at t, embedding of x_{t+1})."""
     eng = served(fam, predictable=True)
-    watched = Watched(eng.mtp)
+    watched = Watched(eng.method_state("mtp"))
     ps = prompts(eng, 2)
     out = run_rows(eng, [GenerationRequest(prompt=ps[0], max_tokens=40, methods=["none"], proposers=[watched]),
                          GenerationRequest(prompt=ps[1], max_tokens=40, methods=["mtp"])])
@@ -247,9 +247,9 @@ def test_folder_without_mtp_weights_serves_as_before(tmp_path, fam):
     model, tok, info = load_model(str(folder), progress=lambda s: None)
     outs = []
     for mtp in ("auto", None):
-        eng = Engine(model, tok, info, EngineConfig(max_batch=2, prefix_cache=False, mtp=mtp, warm_up=False))
+        eng = Engine(model, tok, info, EngineConfig(max_batch=2, prefix_cache=False, method_specs={"mtp": mtp}, warm_up=False))
         try:
-            assert eng.mtp is None and not eng.runner.keep_all_hidden
+            assert eng.method_state("mtp") is None and not eng.runner.keep_all_hidden
             p = chat_prompt(tok, TEXTS[0])
             outs.append(run_rows(eng, [GenerationRequest(prompt=p, max_tokens=12, methods=["echo"])])[0]["tokens"])
             with pytest.raises(EngineError, match="mtp"):
@@ -286,19 +286,21 @@ def test_serve_adds_mtp_to_the_defaults_only_where_measured_to_pay(served, folde
     import json
     import logging
 
-    from jumpahead.app.serve import attach_mtp
     from jumpahead.engine.drafter import MIN_PAIRED_TASKS
-    from jumpahead.engine.methods import parse_methods
+    from jumpahead.engine.methods import attach_methods, parse_methods
     from jumpahead.engine.mtp import MEASURED
+
+    def attach_mtp(eng, spec: str, explicit_methods: bool) -> None:  # as serve's --mtp SPEC [--methods]
+        attach_methods(eng, {"mtp": spec}, measured_defaults=not explicit_methods)
 
     eng = served("qwen3_5", predictable=True)
     folder = folders("qwen3_5", predictable=True)
     saved = eng.config.default_methods
     try:
         # no measurement: loaded (EngineConfig mtp="auto"), opt-in only, and said why
-        assert eng.mtp is not None and not (folder / MEASURED).exists()
+        assert eng.method_state("mtp") is not None and not (folder / MEASURED).exists()
         eng.config.default_methods = parse_methods(None)
-        with caplog.at_level(logging.INFO, logger="jumpahead.serve"):
+        with caplog.at_level(logging.INFO, logger="jumpahead.methods"):
             assert attach_mtp(eng, "none", explicit_methods=False) is None
         assert eng.config.default_methods == ("echo",)
         assert "mtp off by default: no measurement" in caplog.text
@@ -324,9 +326,8 @@ def test_serve_adds_mtp_to_the_defaults_only_where_measured_to_pay(served, folde
         (folder / MEASURED).unlink(missing_ok=True)
     try:
         # --methods mtp (no measurement): the requests that name none draft with it
-        eng.load_mtp(str(folder))
         eng.config.default_methods = parse_methods("mtp")
-        assert attach_mtp(eng, "none", explicit_methods=True) is None
+        assert attach_mtp(eng, str(folder), explicit_methods=True) is None
         assert eng.config.default_methods == ("mtp",) and eng.health()["mtp"]["by_default"]["on"] is True
         p = prompts(eng, 1)[0]
         got = run_rows(eng, [GenerationRequest(prompt=p, max_tokens=TOKENS)])[0]
@@ -342,7 +343,7 @@ def test_prompt_cache_hit_drafts_from_the_positions_it_runs(folders, tmp_path):
     still ordinary decoding's."""
     eng = cache_engine(folders, tmp_path)
     try:
-        watched = Watched(eng.mtp)
+        watched = Watched(eng.method_state("mtp"))
         second, _ = two_turns(eng, lambda e: watched)
         assert watched.drafted_at and 0 < watched.cache.start < len(second), "the second turn did not hit the cache"
     finally:

@@ -75,7 +75,7 @@ def test_rows_joining_and_leaving_equal_ordinary_and_the_rows_drafted_alone(serv
     eng = served(fam, predictable=True)
     ps = six_prompts(eng.tokenizer)
     plain = run_rows(eng, [GenerationRequest(prompt=p, max_tokens=n, methods=["none"]) for p, n in zip(ps, LENGTHS)])
-    group = eng.mtp.group
+    group = eng.method_state("mtp").group
     before = dict(group.stats())
     metrics = dict(eng.metrics().get("methods", {}).get("mtp", {"proposals": 0, "accepted": 0}))
     shadows = [Shadowed(group) for _ in ps]
@@ -112,7 +112,7 @@ def test_grouped_cache_holds_the_entries_of_the_targets_states(served, fam):
     over (mlx-lm's own hidden state of the target at t, embedding of x_{t+1})."""
     eng = served(fam, predictable=True)
     ps = six_prompts(eng.tokenizer)[:3]
-    shadows = [Shadowed(eng.mtp.group) for _ in ps]
+    shadows = [Shadowed(eng.method_state("mtp").group) for _ in ps]
     out = run_rows(eng, [GenerationRequest(prompt=p, max_tokens=40, methods=["none"], proposers=[s])
                          for p, s in zip(ps, shadows)])
     for p, o, s in zip(ps, out, shadows):
@@ -130,12 +130,12 @@ def test_one_chain_forward_per_step_for_all_rows(served):
     per row for the same drafts (equal drafts: the rows drafted alone are the oracle)."""
     eng = served("qwen3_next", predictable=True)
     ps = six_prompts(eng.tokenizer)[:4]
-    alone = [MtpProposer(eng.mtp) for _ in ps]
-    drafts0 = eng.mtp.drafts
+    alone = [MtpProposer(eng.method_state("mtp")) for _ in ps]
+    drafts0 = eng.method_state("mtp").drafts
     solo = run_rows(eng, [GenerationRequest(prompt=p, max_tokens=32, methods=["none"], proposers=[a])
                           for p, a in zip(ps, alone)])
-    per_row = eng.mtp.drafts - drafts0
-    group = eng.mtp.group
+    per_row = eng.method_state("mtp").drafts - drafts0
+    group = eng.method_state("mtp").group
     before = dict(group.stats())
     grouped = run_rows(eng, [GenerationRequest(prompt=p, max_tokens=32, methods=["mtp"]) for p in ps])
     assert [o["tokens"] for o in grouped] == [o["tokens"] for o in solo]
@@ -163,7 +163,7 @@ def test_prompt_cache_hit_rows_draft_at_their_absolute_positions(folders, tmp_pa
     0): its rope reads absolute positions, so its drafts equal the per-row path's."""
     eng = cache_engine(folders, tmp_path)
     try:
-        shadow = Shadowed(eng.mtp.group)
+        shadow = Shadowed(eng.method_state("mtp").group)
         second, _ = two_turns(eng, lambda e: shadow)
         assert 0 < retired(shadow)[0] < len(second), "the second turn did not hit the cache"
         assert shadow.pairs and all(g == a for g, a in shadow.pairs)
@@ -193,7 +193,7 @@ def test_warm_turn_restores_the_mtp_state_from_the_prefix_cache(folders, tmp_pat
     shadows = []
     try:
         assert any(isinstance(h, MtpCompanion) for h in engines[0].prefix_cache.hooks)
-        second, drafted = two_turns(engines[0], lambda e: shadows.append(Shadowed(e.mtp.group)) or shadows[-1],
+        second, drafted = two_turns(engines[0], lambda e: shadows.append(Shadowed(e.method_state("mtp").group)) or shadows[-1],
                                     first_method="mtp", between=reopen)
         eng, shadow = engines[-1], shadows[0]
         base, keys, values = retired(shadow)

@@ -45,7 +45,7 @@ def served(tmp_path_factory):
             made.clear()
             folder = build_hf_with_nextn(fam, root, tok, predictable=predictable)
             model, tokenizer, info = load_model(str(folder), progress=lambda s: None)
-            eng = Engine(model, tokenizer, info, EngineConfig(max_batch=4, prefix_cache=False, mtp="auto",
+            eng = Engine(model, tokenizer, info, EngineConfig(max_batch=4, prefix_cache=False, method_specs={"mtp": "auto"},
                                                               objective="latency", warm_up=False))
             eng.scheduler.width_policy = frozen_width_policy()
             made[key] = (folder, eng)
@@ -69,8 +69,8 @@ def test_loader_keeps_the_saved_mtp_layer(served, fam):
     saved = read_nextn_weights(folder, prefix)
     assert {prefix + n for n in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight",
                                  "shared_head.head.weight", "embed_tokens.weight")} <= set(saved)
-    assert isinstance(eng.mtp.head, NextnHead)
-    params = dict(tree_flatten(eng.mtp.head.parameters()))
+    assert isinstance(eng.method_state("mtp").head, NextnHead)
+    params = dict(tree_flatten(eng.method_state("mtp").head.parameters()))
     back = _nextn_to_hf({prefix + k.removeprefix("layers.0."): v for k, v in params.items()})
     del saved[prefix + "embed_tokens.weight"]  # the target's own table is used
     assert set(back) == set(saved)
@@ -85,7 +85,7 @@ def test_greedy_with_mtp_equals_ordinary(served, fam, batch):
     _, eng = served(fam, predictable=True)
     ps = prompts(eng, batch)
     plain = run_rows(eng, [GenerationRequest(prompt=p, max_tokens=TOKENS, methods=["none"]) for p in ps])
-    shadows = [Shadowed(eng.mtp.group) for _ in ps]
+    shadows = [Shadowed(eng.method_state("mtp").group) for _ in ps]
     drafted = run_rows(eng, [GenerationRequest(prompt=p, max_tokens=TOKENS, methods=["none"], proposers=[s])
                              for p, s in zip(ps, shadows)])
     assert [o["tokens"] for o in drafted] == [o["tokens"] for o in plain]

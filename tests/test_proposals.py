@@ -63,7 +63,7 @@ def ctx(loaded_model):
     # cost_aware off: every proposal is verified, so the accept/reject paths always run
     # (the width policy only decides how much to verify; tests/test_ragged.py)
     eng = Engine(model, tokenizer, info, EngineConfig(max_batch=8, cost_aware=False))
-    eng.attach_draft(DraftModel(model, tokenizer, info, target_tokenizer=tokenizer))
+    eng.attach("draft", DraftModel(model, tokenizer, info, target_tokenizer=tokenizer))
     weak = DraftModel.load(ensure_draft_model(4, progress=lambda s: None), tokenizer, progress=lambda s: None)
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True) for p in PROMPTS]
     yield {"engine": eng, "weak": weak, "model": model, "tokenizer": tokenizer, "prompts": prompts, "ordinary": {}}
@@ -440,8 +440,8 @@ def test_draft_with_another_tokenizer_is_refused(ctx, tmp_path):
         DraftModel.load(other, ctx["tokenizer"], progress=lambda s: None)
     draft = DraftModel.load(other, None, progress=lambda s: None)
     with pytest.raises(DraftModelError, match="tokens map to other ids"):
-        ctx["engine"].attach_draft(draft)
-    assert ctx["engine"].draft is not draft
+        ctx["engine"].attach("draft", draft)
+    assert ctx["engine"].method_state("draft") is not draft
 
 
 def test_draft_cache_sync_after_partial_acceptance(ctx):

@@ -356,6 +356,7 @@ def test_drafter_arm_loads_the_shipped_drafter_and_emits_the_record(loaded_model
 
 def test_drafter_arm_refuses_a_drafter_of_another_model(loaded_model, tmp_path):
     from jumpahead.engine.drafter import DrafterError, default_drafter_path
+    from jumpahead.engine.methods import MethodError
     import shutil
 
     other = tmp_path / "other"
@@ -363,5 +364,6 @@ def test_drafter_arm_refuses_a_drafter_of_another_model(loaded_model, tmp_path):
     meta = json.loads((other / "drafter.json").read_text())
     meta["target"] = {**meta["target"], "vocab": 7}
     (other / "drafter.json").write_text(json.dumps(meta))
-    with pytest.raises(DrafterError, match="another model"):
+    with pytest.raises(MethodError, match="another model") as refused:
         replay([small_session()], ReplayOptions(parse_arms("drafter"), drafter=str(other)), loaded_model)
+    assert isinstance(refused.value.__cause__, DrafterError)

@@ -409,7 +409,7 @@ class Replayer:
             config = EngineConfig(max_batch=1, prefix_cache=True, prefix_cache_ssd=False,
                                   prefix_cache_ram_bytes=RAM_CACHE_BYTES, max_proposal=self.options.max_proposal,
                                   cost_aware=self.options.cost_aware, objective=self.options.objective,
-                                  drafter=self._drafter_for(arm))
+                                  method_specs={"drafter": self._drafter_for(arm)})
             engine = ReplayEngine(self.model, self.tokenizer, self.info, config)
             if arm.spec.asserted_strict:
                 engine.strict.asserted = True
