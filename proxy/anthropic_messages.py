@@ -28,11 +28,11 @@ from .signing import Signer, default_signer
 from jumpahead.core.tool_stream import partial_json
 from jumpahead.core.options import parse_options
 from jumpahead.core.turn import (
-    ResponseFormat,
     ContentDelta,
     Message,
     OutputEvent,
     ReasoningDelta,
+    ResponseFormat,
     Tool,
     ToolCall,
     ToolCallArgs,

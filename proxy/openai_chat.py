@@ -24,11 +24,11 @@ from jumpahead.core.fields import boolean, integer, number, obj
 from jumpahead.core.logprobs import top_logprobs
 from jumpahead.core.options import parse_options
 from jumpahead.core.turn import (
-    ResponseFormat,
     ContentDelta,
     Message,
     OutputEvent,
     ReasoningDelta,
+    ResponseFormat,
     Tool,
     ToolCall,
     ToolCallArgs,
