@@ -360,15 +360,19 @@ def parse_responses_request(body: Any, store: ResponseStore | None = None,
 
 
 def _usage(usage: Usage, reasoning_tokens: int = 0) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {"cached_tokens": usage.cached_tokens},
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": usage.total_tokens,
-        **({"fill": usage.fill} if usage.fill is not None else {}),
-        **({"report": usage.report.to_json()} if usage.report.to_json() is not None else {}),
     }
+    if usage.fill is not None:
+        out["fill"] = usage.fill
+    report = usage.report.to_json()
+    if report is not None:
+        out["report"] = report
+    return out
 
 
 def reasoning_item(text: str, ctx: ResponsesContext, id: str | None = None) -> dict[str, Any]:

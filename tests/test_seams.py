@@ -6,6 +6,7 @@ data travels by setting attributes on another layer's objects. Read from the sou
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 from jumpahead.engine.proposal import DraftsInGroup, ObservesHidden, Peeks, ReleasesRow, Wrapper, unwrapped
@@ -16,14 +17,16 @@ CAPABILITIES = {"inner", "peek", "round_group", "release_row", "observe_hidden",
 MODEL_FIELDS = {"name", "path", "vocab_size", "adapter", "adapter_digest", "cache_name", "dtype"}
 
 
+@functools.cache
+def _trees() -> tuple[tuple[str, ast.AST], ...]:
+    """Every source module parsed once (the tests below walk them several times)."""
+    return tuple((str(path.relative_to(ROOT)), ast.parse(path.read_text(), str(path)))
+                 for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py")))
+
+
 def _calls(name: str) -> list[tuple[str, ast.Call]]:
-    out = []
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name:
-                    out.append((f"{path.relative_to(ROOT)}:{node.lineno}", node))
-    return out
+    return [(f"{where}:{node.lineno}", node) for where, tree in _trees() for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name]
 
 
 def _const(node: ast.AST) -> object:
