@@ -4,7 +4,7 @@ Why a setup.py: the source keeps its packages as top-level folders (core/, engin
 that install as `jumpahead.<folder>` under the `jumpahead` namespace. pyproject's
 `packages.find` cannot put a prefix in front of the names it finds, so it was a
 hand-kept list of packages and package-data globs, which forgot new subpackages and
-data folders (issue 38: jumpahead.engine.tool_formats was missing from every wheel).
+data folders (issue 38: jumpahead.engine.strict.tool_formats was missing from every wheel).
 This walks the folders instead: every folder below them holding files is a package
 (folders of data without __init__.py too, as setuptools recommends for data; a folder
 whose name is no identifier, like drafters/smollm2-135m, goes in as data of the package
@@ -66,7 +66,7 @@ def source_files() -> list[str]:
 
 def layout() -> tuple[list[str], dict[str, str], dict[str, list[str]]]:
     """(packages, package_dir, package_data) for setup(). A folder whose name is no Python
-    identifier (engine/drafters/smollm2-135m) is no package: its files are data of the
+    identifier (engine/methods/drafters/smollm2-135m) is no package: its files are data of the
     nearest folder above it that is one, by their path from there."""
     package_data: dict[str, list[str]] = defaultdict(list)
     packages = {f"{NAMESPACE}.{folder}" for folder in FOLDERS}

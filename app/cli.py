@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "write-up": ("jumpahead.live.writeup",
                  "write the research write-up (docs/research.md, SVG figures) from a live run's summary.json"),
     "train-adapter": ("jumpahead.live.train", "train the LoRA adapter that teaches the default model the task world's tools"),
-    "train-drafter": ("jumpahead.live.train_drafter", "train the learned drafter (engine/drafter.py) for the served model from its own greedy outputs"),
+    "train-drafter": ("jumpahead.live.train_drafter", "train the learned drafter (engine/methods/drafter.py) for the served model from its own greedy outputs"),
     "eval-adapter": ("jumpahead.live.evaluate", "list the held-out task seeds an adapter is measured on"),
 }
 

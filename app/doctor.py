@@ -62,7 +62,7 @@ def _decode_rate(tokens: int = 48) -> dict[str, Any]:
     from mlx_lm.generate import stream_generate
     from mlx_lm.sample_utils import make_sampler
 
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     t = time.perf_counter()
     model, tokenizer, info = load_model(None, progress=lambda s: None)
@@ -78,8 +78,8 @@ def _decode_rate(tokens: int = 48) -> dict[str, Any]:
 
 
 def collect(measure_model: bool = True, blas_threads: int | None = None) -> dict[str, Any]:
-    from jumpahead.engine import blas
-    from jumpahead.engine.home import jumpahead_home
+    from jumpahead.engine.machine import blas
+    from jumpahead.engine.machine.home import jumpahead_home
 
     import mlx.core as mx
 

@@ -15,7 +15,7 @@ def open_engine(folder: str, extra: list[str]) -> Any:
     defaults attached (a problem attaching them: RuntimeError)."""
     import jumpahead.engine  # noqa: F401  (chooses and binds the BLAS before mlx is imported)
     from jumpahead.engine.engine import Engine
-    from jumpahead.engine.methods import MethodError
+    from jumpahead.engine.methods.registry import MethodError
 
     from .serve import add_arguments, engine_config
 

@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
     import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
     from jumpahead.core.output import emit
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     from jumpahead.traces.progress import Progress
     from jumpahead.traces.replay import ReplayOptions, replay
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
             loaded = (loaded[0], showing_reasoning(loaded[1]), loaded[2])
         except TemplateError as exc:
             return _fail(str(exc))
-    from jumpahead.engine.methods import MethodError
+    from jumpahead.engine.methods.registry import MethodError
 
     try:
         doc = replay(sessions, options, loaded,

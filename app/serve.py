@@ -26,7 +26,7 @@ def _positive(text: str) -> int:  # argparse names the type in its errors: "inva
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from jumpahead.engine.methods import known as known_methods
+    from jumpahead.engine.methods.registry import known as known_methods
 
     parser.add_argument("--model", default=None, metavar="PATH_OR_ID",
                         help="an mlx-lm model folder, a GGUF file (llama, gemma3, qwen2, qwen3; converted once "
@@ -168,8 +168,8 @@ def _policy_specs(args: argparse.Namespace) -> list:
 def method_specs(args: argparse.Namespace) -> dict[str, str | None]:
     """The specs that these arguments give the registry's stateful methods, each by the
     option its Lifecycle names (--draft-model, --drafter, --mtp): what the Engine loads
-    and attaches (EngineConfig.method_specs; engine/methods.py attach_methods)."""
-    from jumpahead.engine.methods import REGISTRY
+    and attaches (EngineConfig.method_specs; engine/methods/registry.py attach_methods)."""
+    from jumpahead.engine.methods.registry import REGISTRY
 
     return {m.name: getattr(args, m.lifecycle.flag.lstrip("-").replace("-", "_"), None)
             for m in REGISTRY.values() if m.lifecycle is not None and m.lifecycle.flag}
@@ -179,12 +179,12 @@ def engine_config(args: argparse.Namespace) -> tuple[Any, tuple[str, ...]]:
     """The EngineConfig `jumpahead serve` runs with these arguments, and the default
     methods (ValueError: bad --methods or --kv-* values). `bench models` loads its
     models through this, as serve does: the Engine loads and attaches --draft-model,
-    --drafter and --mtp (EngineConfig.method_specs; engine/methods.py attach_methods),
+    --drafter and --mtp (EngineConfig.method_specs; engine/methods/registry.py attach_methods),
     and a drafter or MTP layer whose measurement pays joins the defaults unless
     --methods chose them (measured_defaults); a problem is a MethodError."""
     from jumpahead.engine.engine import EngineConfig
-    from jumpahead.engine.kv_format import parse_kv_format
-    from jumpahead.engine.methods import parse_methods
+    from jumpahead.engine.kv.kv_format import parse_kv_format
+    from jumpahead.engine.methods.registry import parse_methods
 
     methods = parse_methods(args.methods)
     kv_format = parse_kv_format(args.kv_bits, args.kv_value_bits, args.kv_group_size)
@@ -250,9 +250,9 @@ def run(args: argparse.Namespace) -> int:
         return run_upstream(args, policy_specs, trace_dir, access, script)
 
     import jumpahead.engine  # noqa: F401  (chooses and binds the BLAS before mlx is imported)
-    from jumpahead.engine.blas import blas_info, set_blas_threads
+    from jumpahead.engine.machine.blas import blas_info, set_blas_threads
     from jumpahead.engine.engine import Engine
-    from jumpahead.engine.methods import MethodError
+    from jumpahead.engine.methods.registry import MethodError
 
     if args.blas_threads:
         set_blas_threads(args.blas_threads)

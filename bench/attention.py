@@ -1,5 +1,5 @@
 """`jumpahead bench attention`: prefill and decode cost by context length, with the
-numpy-softmax attention (engine/attention.py) vs MLX's own kernel.
+numpy-softmax attention (engine/kv/attention.py) vs MLX's own kernel.
 
 For each context length, both arms prefill the same synthetic prompt in the
 scheduler's 512-token chunks, then decode single tokens on top of it; arms run
@@ -20,7 +20,7 @@ from typing import Any
 import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 
-from jumpahead.engine import attention
+from jumpahead.engine.kv import attention
 from jumpahead.engine.engine import Engine, EngineConfig
 
 CHUNK = 512  # the scheduler's prefill chunk (SchedulerConfig.prefill_chunk)

@@ -19,7 +19,7 @@ from typing import Any
 CHILD = r"""
 import json, sys, time
 import jumpahead.engine
-from jumpahead.engine.blas import blas_info
+from jumpahead.engine.machine.blas import blas_info
 import mlx.core as mx
 want = sys.argv[1]
 info = blas_info()
@@ -29,7 +29,7 @@ a = mx.random.normal((512, 512)); mx.eval(a)
 best = min((lambda t: (mx.eval(a @ a), time.perf_counter() - t)[1])(time.perf_counter()) for _ in range(10))
 from mlx_lm.generate import stream_generate
 from mlx_lm.sample_utils import make_sampler
-from jumpahead.engine.loader import load_model
+from jumpahead.engine.model.loader import load_model
 model, tok, _ = load_model(None, progress=lambda s: None)
 prompt = tok.apply_chat_template([{"role": "user", "content": "Write a Python function that reverses a list, with a docstring."}],
                                  add_generation_prompt=True)
@@ -59,7 +59,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--threads", type=int, default=None, help="BLAS threads in every arm (default: all cores)")
     parser.add_argument("--out", default=None, help="also write the JSON result here")
     args = parser.parse_args(argv)
-    from jumpahead.engine import blas
+    from jumpahead.engine.machine import blas
 
     features = blas.cpu_features()
     examined = [blas.examine(c, features) for c in blas.candidates()]

@@ -174,7 +174,7 @@ def ssd_child(request_file: str) -> int:
     import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
 
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     req = json.loads(Path(request_file).read_text())
     m, tok, info = load_model(req["model"], progress=lambda s: None)
@@ -255,7 +255,7 @@ def run(
     import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
 
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     m, tok, info = load_model(model, progress=progress)
     messages = openai_messages(trace_path)

@@ -126,12 +126,12 @@ def run(
     kv_bits: int | None = None,
 ) -> dict[str, Any]:
     """`kv_bits`: both arms with their KV cache quantized to these bits (ours:
-    engine/kv_format.py, group 64; mlx-lm: its QuantizedKVCache from the first token),
+    engine/kv/kv_format.py, group 64; mlx-lm: its QuantizedKVCache from the first token),
     beside both at full precision ("ours_full", "mlx_lm_full")."""
     import mlx.core as mx
 
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.kv_format import KVFormat
+    from jumpahead.engine.kv.kv_format import KVFormat
 
     full = Engine.load(model_name, EngineConfig(prefix_cache=False), progress=lambda s: None)
     engine = full

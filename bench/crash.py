@@ -37,7 +37,7 @@ import httpx
 from .clients import PROTOCOLS, filler, request_body, stream_request
 from jumpahead.live.server_process import ServerProcess, ServeError, exit_on_sigterm
 
-TMP_SUFFIX = ".tmp"  # engine/ssd_cache.py writes a segment to a temp name, then renames it
+TMP_SUFFIX = ".tmp"  # engine/prefix/ssd_cache.py writes a segment to a temp name, then renames it
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -38,8 +38,8 @@ import mlx.core as mx
 
 from jumpahead.core.output import emit
 from jumpahead.bench.echo import COPY_TASKS, _rows, _summary, chat_prompt
-from jumpahead.engine.methods import MethodError
-from jumpahead.engine.drafter import default_drafter_path, read_meta
+from jumpahead.engine.methods.registry import MethodError
+from jumpahead.engine.methods.drafter import default_drafter_path, read_meta
 from jumpahead.engine.engine import Engine, EngineConfig
 # Held out: written for this benchmark, never part of the drafter's training prompts
 # (live/train_drafter.py keeps every training source clear of their subjects).
@@ -262,7 +262,7 @@ def agent_turns(adapter: str, model: str | None = None, tokens: int = 96, repeat
     checked strict fill) and default + drafter, outputs checked against ordinary. Every
     prompt is decoded once first, so each arm finds it in the prefix cache (agents resend
     the history: the speeds are of decoding the turn)."""
-    from jumpahead.engine.drafter import adapter_drafter_path
+    from jumpahead.engine.methods.drafter import adapter_drafter_path
     from jumpahead.live.adapter import resolve_adapter
     from jumpahead.live.train_drafter import world_turns
 
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         print("jumpahead bench draft: --agent-only needs --adapter", file=sys.stderr)
         return 2
     if args.adapter:
-        from jumpahead.engine.drafter import adapter_drafter_path
+        from jumpahead.engine.methods.drafter import adapter_drafter_path
         from jumpahead.live.adapter import resolve_adapter
 
         try:

@@ -40,7 +40,7 @@ import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 
 from jumpahead.engine.engine import Engine, EngineConfig
-from jumpahead.engine.methods import SERVER_DEFAULT, parse_methods
+from jumpahead.engine.methods.registry import SERVER_DEFAULT, parse_methods
 from jumpahead.engine.types import GenerationRequest
 
 PY_FILE = '''import json
@@ -204,7 +204,7 @@ def width_costs(engine: Engine, context: int = 256, widths=(1, 9, 17), batches=(
             for w in widths:
                 row[f"w{w}_ms"] = round(statistics.median(wall[w]) * 1000, 2)
                 row[f"w{w}_cpu_ms"] = round(statistics.median(cpu[w]) * 1000, 2)
-                if ragged[w]:  # the ragged forward a mixed round takes (engine/ragged.py)
+                if ragged[w]:  # the ragged forward a mixed round takes (engine/kv/ragged.py)
                     row[f"one_row_w{w}_ragged_ms"] = round(statistics.median(ragged[w]) * 1000, 2)
             for w in widths[1:]:
                 row[f"w{w}_over_w1"] = round(row[f"w{w}_ms"] / row[f"w{widths[0]}_ms"], 3)
@@ -231,7 +231,7 @@ def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3, only:
         methods: Sequence[str] = SERVER_DEFAULT) -> dict[str, Any]:
     """All arms, or only the mixed batch of 4 (`only="mixed"`: its ratio moves a few
     percent from run to run, so it gets its own longer run). The "echo" arms run
-    `methods` (default: the server's default methods, engine/methods.py); the
+    `methods` (default: the server's default methods, engine/methods/registry.py); the
     baseline runs methods off."""
     under = list(methods)
     # no SSD tier: its writes would add noise, and the RAM tier gives all arms the same state
@@ -311,7 +311,7 @@ def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3, only:
         "target": "ratio >= 1.0",
         # proposals carried whole (up to max_proposal), not sized by the width policy
         "echo_uncapped_vs_ordinary": _summary(arms["mixed_echo_uncapped"], arms["mixed_base"], "agg_tps"),
-        # objective "latency": every row's proposals sized for its own speed (engine/scheduler.py)
+        # objective "latency": every row's proposals sized for its own speed (engine/schedule/scheduler.py)
         "echo_latency_objective_vs_ordinary": _summary(arms["mixed_echo_latency"], arms["mixed_base"], "agg_tps"),
         "objective": engine.scheduler.config.objective,  # of the "echo" arm
         "per_pair_ratios_wall": {

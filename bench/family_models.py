@@ -168,7 +168,7 @@ def _write_folder(out: Path, weights: dict[str, mx.array], config: dict, tokeniz
     return out
 
 
-# Families whose checkpoints ship a multi-token-prediction layer under `mtp.*` (engine/mtp.py)
+# Families whose checkpoints ship a multi-token-prediction layer under `mtp.*` (engine/methods/mtp.py)
 MTP_FAMILIES = ("qwen3_next", "qwen3_5")
 # `predictable=True`: the trunk's layer outputs scaled by this, so the model is nearly a
 # bigram model of its embedding and the MTP layer below predicts it well
@@ -221,13 +221,13 @@ def build_hf_with_mtp(family: str, root: Path, tokenizer_dir: Path, seed: int = 
     published: per-expert tensors, zero-centred norms, unsanitized conv1d) with an MTP
     layer of the real names and shapes under `mtp.*` (mtp.fc, mtp.pre_fc_norm_embedding,
     mtp.pre_fc_norm_hidden, mtp.layers.0.* -- one full-attention decoder layer of the
-    model's own kind -- and mtp.norm), which mlx-lm's loader drops and engine/mtp.py reads.
+    model's own kind -- and mtp.norm), which mlx-lm's loader drops and engine/methods/mtp.py reads.
 
     `predictable`: the trunk's layer outputs are scaled down (PREDICTABLE_SCALE), so its
     next token is nearly a function of the current one, and the MTP layer is built to
     compute exactly that function (fc passes the embedding half through, the layer
     adds nothing): it drafts what the target will pick, which exercises acceptance."""
-    from jumpahead.engine.mtp import MtpHead
+    from jumpahead.engine.methods.mtp import MtpHead
 
     if family not in MTP_FAMILIES:
         raise ValueError(f"{family} has no MTP layout (known: {', '.join(MTP_FAMILIES)})")
@@ -250,7 +250,7 @@ def build_hf_with_mtp(family: str, root: Path, tokenizer_dir: Path, seed: int = 
     return _write_folder(out, weights, config, tokenizer_dir)
 
 
-# DeepSeek-V3-layout MTP (engine/mtp_nextn.py): the MTP layer is model.layers.{N}.*
+# DeepSeek-V3-layout MTP (engine/methods/mtp_nextn.py): the MTP layer is model.layers.{N}.*
 NEXTN_FAMILIES = ("deepseek_v3", "glm4_moe", "glm4_moe_lite")
 _NEXTN_OUTPUTS = ("o_proj.weight", "down_proj.weight")
 
@@ -282,7 +282,7 @@ def build_hf_with_nextn(family: str, root: Path, tokenizer_dir: Path, seed: int 
     `predictable`: as build_hf_with_mtp (a nearly-bigram trunk; eh_proj passes the
     embedding half through, the layer adds nothing, shared_head is the target's final
     norm and head), so the MTP layer drafts what the target will pick."""
-    from jumpahead.engine.mtp_nextn import NextnHead
+    from jumpahead.engine.methods.mtp_nextn import NextnHead
 
     if family not in NEXTN_FAMILIES:
         raise ValueError(f"{family} has no model.layers.N MTP layout here (known: {', '.join(NEXTN_FAMILIES)})")
@@ -319,8 +319,8 @@ def build_grafted_hybrid(root: Path, seed: int = 0) -> Path:
     from mlx.utils import tree_unflatten
     from mlx_lm.models import falcon_h1
 
-    from jumpahead.engine.default_model import ensure_default_model
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.default_model import ensure_default_model
+    from jumpahead.engine.model.loader import load_model
 
     out = Path(root) / HYBRID
     if (out / "model.safetensors").exists():
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     and print its path as JSON (give it to the other benches' --model)."""
     import argparse
 
-    from jumpahead.engine.default_model import ensure_default_model
+    from jumpahead.engine.model.default_model import ensure_default_model
 
     from jumpahead.core.output import emit
 

@@ -7,7 +7,7 @@ Arms, interleaved per turn (ABBA order) in one process on one loaded model:
 
 - `constrained`: ordinary constrained decoding (the grammar masks sampling; no proposers);
 - `strict`: the same constraint plus strict fill (template scaffold + grammar
-  jump-forward, verified, engine/strict.py); its output must equal `constrained`'s
+  jump-forward, verified, engine/strict/fill.py); its output must equal `constrained`'s
   token for token, and the bench fails if it does not;
 - `strict_asserted` (optional): strict tokens asserted unverified (DESIGN's mode); its
   output may differ in tokenization, so only its match count is reported.
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from jumpahead.engine.engine import Engine
-from jumpahead.engine.methods import SERVER_DEFAULT
+from jumpahead.engine.methods.registry import SERVER_DEFAULT
 from jumpahead.engine.types import GenerationRequest
 
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "clients"
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     from jumpahead.engine.engine import EngineConfig
-    from jumpahead.engine.methods import parse_methods
+    from jumpahead.engine.methods.registry import parse_methods
 
     from . import echo
     from jumpahead.core.output import emit

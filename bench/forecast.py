@@ -14,7 +14,7 @@ rotating order per repeat:
 - `off`: methods none (ordinary decoding);
 - `budget`: the server's default methods, the row the batch waits on judged by its
   remaining max_tokens (recent lengths withheld: the rule before forecasts);
-- `forecast`: the same methods, judged by engine/forecast.py.
+- `forecast`: the same methods, judged by engine/schedule/forecast.py.
 
 Each arm's emitted tokens must equal the record in every run (else the command
 fails). Reported per batch and summed over batches: wall and process CPU time from
@@ -86,7 +86,7 @@ def batches_of(per_session: list[list[dict[str, Any]]], size: int, count: int) -
 
 
 async def _run_batch(engine: "Engine", batch: list[dict[str, Any]], arm: str, budget: int) -> dict[str, Any]:
-    from jumpahead.engine.methods import SERVER_DEFAULT
+    from jumpahead.engine.methods.registry import SERVER_DEFAULT
     from jumpahead.core.exchange import Exchange
     from jumpahead.core.options import RequestOptions
     from jumpahead.core.runner import complete_turn, prepare_turn
@@ -131,8 +131,8 @@ def run(model: str | None = None, batches: int = 3, repeats: int = 2, context: i
     import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
     import jumpahead.traces.importers  # noqa: F401  (registers the formats)
     from jumpahead.engine.engine import EngineConfig
-    from jumpahead.engine.forecast import from_lengths
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.schedule.forecast import from_lengths
+    from jumpahead.engine.model.loader import load_model
 
     from jumpahead.traces.formats import load_session
     from jumpahead.traces.forcing import ReplayEngine

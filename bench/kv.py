@@ -3,7 +3,7 @@
 Quality, teacher-forced: a held-out agent session (the public mini-swe-agent turn that
 `bench decode --contexts` uses, cut to C tokens) goes through the model in prefill
 chunks once per arm, all arms in lockstep: full precision and each quantized format
-(engine/kv_format.py). At every position the quantized arm's next-token argmax is
+(engine/kv/kv_format.py). At every position the quantized arm's next-token argmax is
 compared with full precision's (agreement) and the largest logit difference taken.
 Every position attends to all earlier ones through the cache, so the late positions
 measure the long-context error.
@@ -28,9 +28,9 @@ def run(model_name: str | None, contexts: list[int], formats: list[str],
         progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     import mlx.core as mx
 
-    from jumpahead.engine.kv_format import KVFormat
-    from jumpahead.engine.loader import load_model
-    from jumpahead.engine.model_runner import ModelRunner
+    from jumpahead.engine.kv.kv_format import KVFormat
+    from jumpahead.engine.model.loader import load_model
+    from jumpahead.engine.kv.model_runner import ModelRunner
 
     from .context import session_prompt
 

@@ -99,7 +99,7 @@ class _ScriptedVerified:
         self.continuation, self.span = continuation, span
 
     def propose(self, view, max_len):
-        from jumpahead.engine.proposal import Proposal
+        from jumpahead.engine.methods.proposal import Proposal
 
         done = len(view.tokens) - view.prompt_len
         nxt = list(self.continuation[done: done + min(self.span, max_len)])
@@ -152,7 +152,7 @@ def _engine_logits(engine):
 
 
 def _classify_load_error(exc: BaseException) -> tuple[str, str]:
-    from jumpahead.engine.cache_layout import UnsupportedModel
+    from jumpahead.engine.kv.cache_layout import UnsupportedModel
 
     if isinstance(exc, UnsupportedModel):
         return "refused", f"{type(exc).__name__}: {exc}"
@@ -169,7 +169,7 @@ def check_type(model_type: str, root: Path, open_engine: Callable[[str, list[str
     from mlx_lm import stream_generate
 
     from jumpahead.bench import model_zoo
-    from jumpahead.engine.default_model import ensure_default_model
+    from jumpahead.engine.model.default_model import ensure_default_model
     from jumpahead.engine.types import GenerationRequest
 
     rec: dict[str, Any] = {"type": model_type, "outcome": None, "reason": None}
@@ -396,7 +396,7 @@ def sweep(types: list[str], root: Path, timeout: float, tokens: int = TOKENS, kv
 def main(argv: list[str] | None = None) -> int:
     """`jumpahead bench models [--types a,b] [--root DIR] [--timeout S] [--jsonl FILE] [--write-docs [PATH]]`."""
     from jumpahead.bench import model_zoo
-    from jumpahead.engine.default_model import ensure_default_model
+    from jumpahead.engine.model.default_model import ensure_default_model
 
     ap = argparse.ArgumentParser(prog="jumpahead bench models", description=__doc__.split("\n")[0])
     ap.add_argument("--types", default=None, help="comma-separated model types (default: every one mlx-lm ships)")

@@ -18,7 +18,7 @@ Part 1, the machine (`machine`), measured now, best of `--repeats`:
   the bound one (`numpy_blas_threads`, `blas.threads`: `JUMPAHEAD_BLAS_THREADS`, else
   every core), so the floor is for the threads the engine has.
 - `blas`: the BLAS MLX uses (`mx.matmul` on the CPU calls `cblas_sgemm` of the library
-  engine/blas.py bound). `mlx_sgemm_prefill_gflop_s`: [512, 576] x [576, 1536], a
+  engine/machine/blas.py bound). `mlx_sgemm_prefill_gflop_s`: [512, 576] x [576, 1536], a
   prefill chunk's shape, compute-bound. `mlx_decode_read_gb_s[mM]`: the effective
   read rate of `x @ W.T`, x [M, 576], over the same distinct weight matrices (the
   decode shape, M = rows), and `cblas_sgemm_read_gb_s[mM]` the same call straight to
@@ -39,7 +39,7 @@ timed apart, so on a busy machine `other_ops_and_dispatch_ms` (what is left) car
 their noise and can come out below zero:
 
 - `step.total_ms` = `forward_ms` (Python returns the lazy logits) + `eval_ms`. Where
-  the attention scores are large, engine/attention.py takes numpy's softmax and
+  the attention scores are large, engine/kv/attention.py takes numpy's softmax and
   evaluates each layer's scores inside the forward (`attention_path: numpy`), so
   `forward_ms` then contains most of the compute. `graph_build_ms` is Python building
   the whole token's graph alone: the same step with the MLX attention path (no
@@ -51,7 +51,7 @@ their noise and can come out below zero:
   vocabulary head, each on a random [B, 1, in] input, evaluated as one graph: the
   matmul floor with this BLAS (these layers' parameter bytes are what a token reads,
   `weight_bytes`, at `weights_read_gb_s`; `weights_by_shape` times each shape's layers
-  alone, the vocabulary head among them); `attention_ms` = engine/attention.py's
+  alone, the vocabulary head among them); `attention_ms` = engine/kv/attention.py's
   `attention` at this context with the model's head counts, one call per attention
   layer (sliding layers at their window), evaluated together; `graph_build_ms` as
   above; `other_ops_and_dispatch_ms` = total - weights - attention - build: norms,
@@ -98,9 +98,9 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from jumpahead.engine import attention as attention_mod
-from jumpahead.engine import blas
-from jumpahead.engine.cache_layout import CHUNKED, FULL, LIST, SLIDING
+from jumpahead.engine.kv import attention as attention_mod
+from jumpahead.engine.machine import blas
+from jumpahead.engine.kv.cache_layout import CHUNKED, FULL, LIST, SLIDING
 
 CHUNK = 512  # the scheduler's prefill chunk (EngineConfig.prefill_chunk)
 DIM, OUT = 576, 1536  # the default model's hidden and MLP widths: the decode GEMV shape
@@ -157,7 +157,7 @@ class _Cblas:
 
 
 def bound_cblas() -> _Cblas | None:
-    """The library MLX's cblas_sgemm resolves to (engine/blas.py bound it), or None."""
+    """The library MLX's cblas_sgemm resolves to (engine/machine/blas.py bound it), or None."""
     info = blas.blas_info()
     if not info.get("path"):
         return None
@@ -450,7 +450,7 @@ def _synthetic(n: int, vocab: int) -> list[int]:
 
 
 class _MlxAttention:
-    """engine/attention.py on MLX's own path (no evaluation inside the forward) while held."""
+    """engine/kv/attention.py on MLX's own path (no evaluation inside the forward) while held."""
 
     def __enter__(self) -> None:
         self.saved = getattr(attention_mod, "NUMPY_MIN", None)

@@ -94,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-    from jumpahead.engine.default_model import ensure_default_model
+    from jumpahead.engine.model.default_model import ensure_default_model
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     from jumpahead.core.script import Script
     from jumpahead.proxy.server import create_app

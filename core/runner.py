@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jumpahead.engine.interface import Engine
-from jumpahead.engine.tool_formats import detect_family
+from jumpahead.engine.strict.tool_formats import detect_family
 from jumpahead.engine.types import EngineError, GenerationRequest
 
 from .errors import invalid_request
@@ -102,7 +102,7 @@ def prepare_turn(engine: Engine, turn: Turn, exchange: Exchange | None = None,
         validate_request(engine, prepared.request)
     prepared.content_logprobs = _content_logprobs(engine, prepared.request)
     # The model's recent answers in this session, as the client resent them: the
-    # throughput objective forecasts who finishes last from them (engine/forecast.py).
+    # throughput objective forecasts who finishes last from them (engine/schedule/forecast.py).
     prepared.request.recent_lengths = recent_turn_lengths(engine.tokenizer, client_turn)
     extra = [p for hook in hooks for p in hook.row_proposers(exchange, prepared)]
     if extra:  # a taken output's own proposer stays first: it is the row's continuation
@@ -138,10 +138,10 @@ def _prepare(engine: Engine, turn: Turn) -> PreparedTurn:
 
 
 def strict_fill_fields(tokenizer: Any, turn: Turn, tools: list | None, in_reasoning: bool) -> tuple[dict | None, list[dict] | None]:
-    """GenerationRequest.grammar and .tools for strict fill (engine/strict.py).
+    """GenerationRequest.grammar and .tools for strict fill (engine/strict/fill.py).
 
     tool_choice required / a named function constrains the answer to tool calls in the
-    format of the template's family (engine/tool_formats/): one call, one or more
+    format of the template's family (engine/strict/tool_formats/): one call, one or more
     with `parallel_tool_calls: true` (not for a named function), exactly
     `jumpahead.tool_calls` where given. A JSON response format constrains it to JSON.
     Neither applies when the answer continues an assistant prefix or starts inside

@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from jumpahead.engine.proposal import Proposal, RowView
+from jumpahead.engine.methods.proposal import Proposal, RowView
 
 from .errors import APIError, invalid_request
 from .exchange import BaseHooks, Exchange

@@ -1,15 +1,15 @@
 """The output parser's tool-call markers and parser for a tokenizer. The parsers
-themselves live with their families (engine/tool_formats/<family>.py: harmony, DeepSeek
+themselves live with their families (engine/strict/tool_formats/<family>.py: harmony, DeepSeek
 and Llama 3 JSON are jumpahead's; the others are mlx-lm's), re-exported here."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from jumpahead.engine.tool_formats import ToolFamily, ToolParser, detect_family
-from jumpahead.engine.tool_formats.deepseek import parse_deepseek
-from jumpahead.engine.tool_formats.harmony import parse_harmony
-from jumpahead.engine.tool_formats.llama3_json import parse_llama3_json
+from jumpahead.engine.strict.tool_formats import ToolFamily, ToolParser, detect_family
+from jumpahead.engine.strict.tool_formats.deepseek import parse_deepseek
+from jumpahead.engine.strict.tool_formats.harmony import parse_harmony
+from jumpahead.engine.strict.tool_formats.llama3_json import parse_llama3_json
 
 __all__ = ["ToolParser", "parse_deepseek", "parse_harmony", "parse_llama3_json", "tool_markers"]
 

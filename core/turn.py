@@ -127,7 +127,7 @@ class ResponseFormat:
         return None
 
     def grammar(self) -> dict[str, Any]:
-        """The engine grammar (engine/strict.py) that holds the answer to this format."""
+        """The engine grammar (engine/strict/fill.py) that holds the answer to this format."""
         if self.kind == "json_object":
             return {"type": "json_object"}
         return {"type": "json_schema", "schema": self.schema, "strict": self.strict}

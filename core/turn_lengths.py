@@ -3,7 +3,7 @@
 Agents send the whole conversation every turn, so the model's earlier answers in this
 session are in the request: their lengths in tokens are what the engine's throughput
 objective forecasts a row's length from (GenerationRequest.recent_lengths,
-engine/forecast.py). Each assistant message counts its reasoning, text and tool
+engine/schedule/forecast.py). Each assistant message counts its reasoning, text and tool
 calls (name and arguments, plus the call markup) as the model wrote them.
 """
 

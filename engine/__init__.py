@@ -1,5 +1,5 @@
 """jumpahead.engine: run the model (load, batch rows, apply proposals, sample)."""
 
-from .blas import load_optimized_blas as _load_optimized_blas
+from .machine.blas import load_optimized_blas as _load_optimized_blas
 
 _load_optimized_blas()  # must run before anything imports mlx.core

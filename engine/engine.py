@@ -14,18 +14,18 @@ from typing import Any, AsyncIterator, Callable
 
 import mlx.core as mx
 
-from .blas import blas_info
-from .cache_layout import single_row
+from .machine.blas import blas_info
+from .kv.cache_layout import single_row
 from .logprobs import MAX_TOP_LOGPROBS
-from .kv_format import KVFormat
-from . import methods
-from .methods import describe as describe_methods
+from .kv.kv_format import KVFormat
+from .methods import registry as methods
+from .methods.registry import describe as describe_methods
 from .memory import RowRegistry, engine_memory, return_freed_memory_to_os
-from .model_runner import ModelRunner
-from .row import Row
+from .kv.model_runner import ModelRunner
+from .schedule.row import Row
 from .sampler import RowSampler
-from .scheduler import Scheduler, SchedulerConfig
-from .threads import join_fully
+from .schedule.scheduler import Scheduler, SchedulerConfig
+from .machine.threads import join_fully
 from .types import EngineError, GenerationRequest, ServedModel, TokenChunk
 
 log = logging.getLogger("jumpahead.engine")
@@ -46,11 +46,11 @@ class EngineConfig:
     prefill_chunk_busy: int = 128
     max_proposal: int = 16
     max_asserted: int = 64
-    cost_aware: bool = True  # size verified proposals by expected gain (engine/width_policy.py)
+    cost_aware: bool = True  # size verified proposals by expected gain (engine/schedule/width_policy.py)
     objective: str = "throughput"  # what an accepted token is worth: "throughput" | "latency" (SchedulerConfig)
     pipeline_greedy: bool | None = None  # None: on a GPU only (SchedulerConfig)
     default_methods: tuple[str, ...] = ()
-    # Prefix cache (engine/prefix_cache.py, engine/ssd_cache.py): reuse the KV of the
+    # Prefix cache (engine/prefix/prefix_cache.py, engine/prefix/ssd_cache.py): reuse the KV of the
     # longest cached prefix of each prompt, in RAM and in an SSD tier that survives
     # restarts. prefix_cache_dir None = $JUMPAHEAD_HOME (or ~/.cache/jumpahead)
     # /prompt-cache/<model id>.
@@ -59,19 +59,19 @@ class EngineConfig:
     prefix_cache_ssd: bool = True
     prefix_cache_dir: str | None = None
     prefix_cache_ssd_bytes: int = 16 << 30
-    # What loads each stateful method's state, by method name (engine/methods.py Lifecycle,
+    # What loads each stateful method's state, by method name (engine/methods/registry.py Lifecycle,
     # attach_methods): "draft": an mlx-lm folder or truncated[:N] (a draft model);
-    # "drafter": auto|PATH (a trained drafter head, engine/drafter.py); "mtp": auto|PATH
-    # (the Hugging Face folder whose MTP weights serve, engine/mtp.py; auto: the served
+    # "drafter": auto|PATH (a trained drafter head, engine/methods/drafter.py); "mtp": auto|PATH
+    # (the Hugging Face folder whose MTP weights serve, engine/methods/mtp.py; auto: the served
     # model's own folder). None/"none": nothing loaded.
     method_specs: dict[str, str | None] = field(default_factory=dict)
     # A loaded method whose own recorded measurement on the served model pays joins
-    # default_methods (serve without --methods: engine/methods.py join_defaults).
+    # default_methods (serve without --methods: engine/methods/registry.py join_defaults).
     measured_defaults: bool = False
     # Run one throwaway prefill chunk and round at startup (ModelRunner.warm_up), so
     # the first request (a restarted server's cache hit) pays no first-forward costs.
     warm_up: bool = True
-    # Attention layers' keys and values quantized (engine/kv_format.py); None: full precision.
+    # Attention layers' keys and values quantized (engine/kv/kv_format.py); None: full precision.
     kv_format: KVFormat | None = None
 
 
@@ -108,7 +108,7 @@ class Engine:
         self.prefix_cache = self._make_prefix_cache()
         self.scheduler.prefix_cache = self.prefix_cache
         # each stateful method's state and its prefix-cache companion, by method name
-        # (engine/methods.py Lifecycle; `attach`), and why a measured one drafts by default
+        # (engine/methods/registry.py Lifecycle; `attach`), and why a measured one drafts by default
         self.method_states: dict[str, Any] = {}
         self._companions: dict[str, Any] = {}
         self.method_defaults: dict[str, dict[str, Any]] = {}
@@ -137,7 +137,7 @@ class Engine:
     ) -> "Engine":
         """Load a model (None = the embedded default), with a LoRA adapter folder fused
         in if given, and start the engine thread."""
-        from .loader import load_model
+        from .model.loader import load_model
 
         m, tok, info = load_model(model, progress=progress, adapter=adapter)
         return cls(m, tok, info, config)
@@ -150,7 +150,7 @@ class Engine:
         method = methods.REGISTRY.get(name)
         lifecycle = method.lifecycle if method is not None else None
         if lifecycle is None:
-            raise methods.MethodError(f"method {name!r} keeps no state (no Lifecycle in engine/methods.py)")
+            raise methods.MethodError(f"method {name!r} keeps no state (no Lifecycle in engine/methods/registry.py)")
         state = lifecycle.attach(self, loaded) if lifecycle.attach is not None else loaded
         self.method_states[name] = state
         old = self._companions.pop(name, None)
@@ -178,8 +178,9 @@ class Engine:
             log.warning("prompt cache off for %s: its attention layers do not share one shape",
                         self.runner.model_type)
             return None
-        from .prefix_cache import PrefixCache
-        from .ssd_cache import SsdStore, default_cache_root, model_dir_name, model_fingerprint
+        from .prefix.prefix_cache import PrefixCache
+        from .model.fingerprint import model_fingerprint
+        from .prefix.ssd_cache import SsdStore, default_cache_root, model_dir_name
 
         ssd = None
         if c.prefix_cache_ssd:
@@ -247,7 +248,7 @@ class Engine:
     def _make_row(self, req: GenerationRequest, emit: Callable[[TokenChunk], None]) -> Row:
         seed = req.sampling.seed if req.sampling.seed is not None else secrets.randbits(63)
         stop_ids = set(self.tokenizer.eos_token_ids) | set(req.stop_token_ids)
-        # strict fill: grammar constraint + strict proposers first (engine/strict.py)
+        # strict fill: grammar constraint + strict proposers first (engine/strict/fill.py)
         constraint, proposers = self.strict.row_parts(req, req.methods or self.config.default_methods, self._proposers(req))
         row = Row(
             proposers=proposers,
@@ -264,10 +265,10 @@ class Engine:
 
     @property
     def strict(self) -> Any:
-        """Grammars and template scaffolds for this model (engine/strict.py), made on first use."""
+        """Grammars and template scaffolds for this model (engine/strict/fill.py), made on first use."""
         found = self.__dict__.get("_strict_fill")
         if found is None:
-            from .strict import StrictFill
+            from .strict.fill import StrictFill
 
             found = self.__dict__.setdefault("_strict_fill", StrictFill(self.model, self.tokenizer, self.info, self.runner.trimmable))
         return found
@@ -277,7 +278,7 @@ class Engine:
         return self.strict.book.token_bytes
 
     def _method(self, name: str) -> methods.Method:
-        """The registered method `name` (engine/methods.py), if this engine can run it."""
+        """The registered method `name` (engine/methods/registry.py), if this engine can run it."""
         method = methods.get(name)
         if method is None:
             raise EngineError(methods.unknown_message(name))
@@ -288,7 +289,7 @@ class Engine:
 
     def _proposers(self, req: GenerationRequest) -> list:
         """The request's proposers: its ready-made ones, then one per named method
-        (strict fill's come from engine/strict.py, in _make_row)."""
+        (strict fill's come from engine/strict/fill.py, in _make_row)."""
         out = []
         for name in req.methods or self.config.default_methods:
             if name in methods.OFF:
@@ -361,7 +362,7 @@ class Engine:
             "one_row_reason": s.one_row_reason,
             "methods": describe_methods(self.config.default_methods),  # for requests that name none
             "context_length": self.context_length,
-            "layers": self.runner.describe(),  # layer kinds served (engine/cache_layout.py)
+            "layers": self.runner.describe(),  # layer kinds served (engine/kv/cache_layout.py)
             "rows_running": len(s.running),
             "rows_waiting": len(s.waiting) + s.inbox.qsize(),
             "uptime_s": round(time.time() - self.started_at, 1),
@@ -374,9 +375,9 @@ class Engine:
         if methods:
             out["methods"] = methods  # verified proposals per method: accepted lengths, propose time
         draft, mtp = self.method_state("draft"), self.method_state("mtp")
-        if draft is not None:  # the draft model's batched forwards (engine/draft.py DraftModelGroup)
+        if draft is not None:  # the draft model's batched forwards (engine/methods/draft_model.py DraftModelGroup)
             out["draft_model"] = draft.group.stats()
-        if mtp is not None:  # the MTP layer's batched forwards (engine/mtp_group.py MtpGroup)
+        if mtp is not None:  # the MTP layer's batched forwards (engine/methods/mtp_group.py MtpGroup)
             out["mtp_group"] = mtp.group.stats()
         if self.prefix_cache is not None:
             out["prefix_cache"] = self.prefix_cache.stats()

@@ -19,7 +19,7 @@ import mlx.core as mx
 
 if TYPE_CHECKING:
     from .engine import Engine
-    from .prefix_cache import PrefixCache
+    from .prefix.prefix_cache import PrefixCache
 
 
 class RowRegistry:

@@ -11,7 +11,7 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-# Provenance of an emitted token: one of engine/methods.py `token_kinds()`. `sampled`
+# Provenance of an emitted token: one of engine/methods/registry.py `token_kinds()`. `sampled`
 # came from the row's sampler; the others are the kinds of the registered methods
 # ("strict", "echo", "ngram", "draft", "jump", "scripted", and any registered later),
 # supplied by a proposer (see docs/design.md, Engine vocabulary).
@@ -52,18 +52,18 @@ class GenerationRequest:
     stop_token_ids: list[int] = field(default_factory=list)
     request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
     # Proposal methods by name ("echo", "ngram", "draft", "strict"); the engine builds
-    # them. `proposers` adds ready-made instances (policies); see engine/proposal.py.
+    # them. `proposers` adds ready-made instances (policies); see engine/methods/proposal.py.
     methods: list[str] = field(default_factory=list)
     proposers: list = field(default_factory=list)
-    # Constrained decoding (engine/grammar.py): {"type": "json_schema", "schema": {...}},
+    # Constrained decoding (engine/strict/grammar.py): {"type": "json_schema", "schema": {...}},
     # {"type": "json_object"} or {"type": "tool_call", "tools": [...], "name": optional}.
     grammar: dict | None = None
     # The request's tools (OpenAI function tools) for the template-scaffold strict
-    # proposer (engine/scaffold.py); None or [] = no scaffold.
+    # proposer (engine/strict/scaffold.py); None or [] = no scaffold.
     tools: list[dict] | None = None
     # Output lengths (tokens) of the session's recent turns, oldest first: the
     # throughput objective forecasts from them which row the batch waits on last
-    # (engine/forecast.py). Empty: unknown (the remaining max_tokens is used).
+    # (engine/schedule/forecast.py). Empty: unknown (the remaining max_tokens is used).
     recent_lengths: list[int] = field(default_factory=list)
     # Log probabilities of the emitted tokens (engine/logprobs.py): None = not asked
     # (no extra work); N = each token's logprob plus its N most likely alternatives.
@@ -120,7 +120,7 @@ class TokenChunk:
 @dataclass
 class ServedModel:
     """The model an engine serves, as the server names it (`Engine.info`): the local
-    engine's `ModelInfo` (engine/loader.py) adds what loading found; an upstream engine
+    engine's `ModelInfo` (engine/model/loader.py) adds what loading found; an upstream engine
     knows only this much."""
 
     name: str

@@ -1,7 +1,7 @@
 """Live arms: each a `jumpahead serve` configuration plus a per-request `jumpahead` field.
 
 Names follow replay's arms (traces/arms.py): a method arm (`ordinary`, `strict`, `echo`,
-`ngram`: the registered methods' arms, engine/methods.py) or a policy (`jump`, `early-jump`, `oracle-jump`, `mistaken-jump:rate=0.3`, `compaction`,
+`ngram`: the registered methods' arms, engine/methods/registry.py) or a policy (`jump`, `early-jump`, `oracle-jump`, `mistaken-jump:rate=0.3`, `compaction`,
 `package.module:Class[:k=v,...]`), joined with "+" for combinations (`echo+jump`). One
 name is live only: `default`, the server's default methods (echo plus checked strict
 fill, what `jumpahead serve` runs when a request names none), served without a learned
@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from jumpahead.engine.methods import OFF, SERVER_DEFAULT, STRICT
+from jumpahead.engine.methods.registry import OFF, SERVER_DEFAULT, STRICT
 from jumpahead.traces.arms import BASELINE, ArmError, parse_arm, split_arms
 
 DEFAULT = "default"

@@ -1,6 +1,6 @@
 """A drafter's own measurement: the live A/B `default+drafter` against `default`, written
 into the drafter's folder (`jumpahead live ... --record-drafter`), where `serve` reads
-whether the drafter pays on the model it serves (engine/drafter.py measured_pays) and so
+whether the drafter pays on the model it serves (engine/methods/drafter.py measured_pays) and so
 whether method "drafter" joins its defaults.
 
 The figures are the run summary's (live/summary.py `versus`: paired by seed, time to
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jumpahead.engine.drafter import MEASURED, measured_pays
+from jumpahead.engine.methods.drafter import MEASURED, measured_pays
 
 BASE, ARM = "default", "default+drafter"
 MEASUREMENT_KIND = "jumpahead.drafter.measurement"

@@ -4,7 +4,7 @@ Trajectories from live/trajectories.py (train seeds; a few for validation) are w
 as mlx-lm chat JSONL (`train.jsonl`, `valid.jsonl`: `mlx_lm.lora --data DIR` reads them
 too) and trained with mlx-lm's own LoRA tooling: `linear_to_lora_layers` on the last
 `--num-layers` blocks of the default model, loaded in float32 the way the server loads
-it (jumpahead.engine.loader: OpenBLAS first, quantized weights expanded), and
+it (jumpahead.engine.model.loader: OpenBLAS first, quantized weights expanded), and
 `mlx_lm.tuner.trainer.train`. The loss counts the assistant messages only (every one
 of a multi-turn trajectory, not just the last, as `--mask-prompt` would; the mistaken
 step of a recovery trajectory is not learned, only its repair): this module passes
@@ -72,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def default_out() -> Path:
-    from jumpahead.engine.default_model import default_cache_dir
+    from jumpahead.engine.model.default_model import default_cache_dir
 
     return default_cache_dir() / "adapters" / "smol-agent"
 
@@ -268,7 +268,7 @@ def train_adapter(args: argparse.Namespace, progress=print) -> dict[str, Any]:
     from mlx_lm.tuner.trainer import TrainingArgs, train
     from mlx_lm.tuner.utils import build_schedule, linear_to_lora_layers
 
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     out = Path(args.out).expanduser() if args.out else default_out()
     data_dir = Path(args.data).expanduser() if args.data else out / "data"

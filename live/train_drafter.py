@@ -1,4 +1,4 @@
-"""`jumpahead train-drafter`: train the learned drafter (engine/drafter.py) for a target.
+"""`jumpahead train-drafter`: train the learned drafter (engine/methods/drafter.py) for a target.
 
 Self-distilled: the target writes its own data. Training prompts are every assistant
 turn of the task world's training-seed trajectories (never a held-out seed), the
@@ -35,7 +35,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 
-from jumpahead.engine.drafter import Drafter, default_drafter_path, target_fingerprint
+from jumpahead.engine.methods.drafter import Drafter, default_drafter_path, target_fingerprint
 from jumpahead.traces.progress import Progress
 
 SHARED_PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "public"
@@ -44,7 +44,7 @@ SHARED_PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="drafter folder to write (default: the one shipped for the default model, "
-                             "engine/drafters/smollm2-135m)")
+                             "engine/methods/drafters/smollm2-135m)")
     parser.add_argument("--model", default=None, metavar="PATH", help="target model (default: the embedded one)")
     parser.add_argument("--adapter", default=None, metavar="NAME|DIR",
                         help="train for the model with this LoRA adapter fused (a shipped name such as "
@@ -647,7 +647,7 @@ def export_prompts(args: argparse.Namespace) -> dict[str, Any]:
 def import_weights(args: argparse.Namespace) -> dict[str, Any]:
     """A drafter folder (--out) from weights live/train_drafter_torch.py wrote: the
     shapes come from the weights, the fingerprint from the target loaded here."""
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     weights: dict[str, mx.array] = {}
     for path in args.import_weights:
@@ -688,7 +688,7 @@ def adapter_folder(spec: str | None) -> Path | None:
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    from jumpahead.engine.drafter import adapter_drafter_path
+    from jumpahead.engine.methods.drafter import adapter_drafter_path
     from jumpahead.engine.engine import Engine, EngineConfig
 
     rng = random.Random(args.seed)

@@ -9,7 +9,7 @@ steps where a GPU is at hand, so the data can be 50x larger:
    checkpoint's quantized weights dequantized exactly, the Llama forward in float32),
    recording at every step the pending token and the final hidden state that chose it
    (what `RowView.hidden` holds when serving);
-2. the drafter of engine/drafter.py (same layers, same parameter names) trained on them
+2. the drafter of engine/methods/drafter.py (same layers, same parameter names) trained on them
    with chained steps and a feature regression, one model per `--variant`.
 
 It needs only torch, numpy and safetensors (no jumpahead, no mlx), so it runs on a
@@ -195,7 +195,7 @@ def continue_batch(target: Target, prompts: list[np.ndarray], n: int, eos: set[i
     return out
 
 
-# --- the drafter (engine/drafter.py's layers and names) ----------------------------------
+# --- the drafter (engine/methods/drafter.py's layers and names) ----------------------------------
 
 
 class Drafter(nn.Module):

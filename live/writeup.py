@@ -32,11 +32,11 @@ DEFAULT_OUT = "docs/research.md"
 MECHANISMS: dict[str, str] = {
     "strict fill": "Template and grammar tokens that the chat template or the request's grammar fixes (a tool "
                    "call's opening markers, JSON punctuation) are proposed without sampling and kept only where the "
-                   "model's own sampler picks them, so the output equals ordinary decoding (engine/strict.py, "
-                   "engine/scaffold.py, engine/grammar.py). Arms: `strict`, and `default` with echo.",
+                   "model's own sampler picks them, so the output equals ordinary decoding (engine/strict/fill.py, "
+                   "engine/strict/scaffold.py, engine/strict/grammar.py). Arms: `strict`, and `default` with echo.",
     "echo": "Spans the context already holds (a file's text the agent read, the task's wording) are copied from "
             "the longest recent match of the output's suffix and verified by the model like speculative "
-            "decoding; the span adapts to the row's acceptance (engine/echo.py). Exact. Arms: `echo`, `default`.",
+            "decoding; the span adapts to the row's acceptance (engine/methods/echo.py). Exact. Arms: `echo`, `default`.",
     "online jumps": "Once the model has opened a tool call and fixed its destination, and the context already "
                     "holds the complete literal content of the remaining arguments, the rest of the call is "
                     "appended unverified as `jump` tokens in the model's own format; the model samples again "

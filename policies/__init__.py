@@ -8,7 +8,7 @@ in policies/api.py):
 - the hooks' data: `Policy`, `RequestContext`, `SessionState`, `BoundaryEvent`,
   `Boundary`/`BOUNDARIES`, `Intervention`, `TurnResult` (policies/api.py);
 - for `proposers(ctx)`: `Proposer` (the protocol a row's proposer follows), `Proposal`,
-  `RowView` (engine/proposal.py);
+  `RowView` (engine/methods/proposal.py);
 - for `on_request(ctx)` rewrites: the request's context, `Turn`, `Message`, `ToolCall`,
   `Tool` (core/turn.py; imported when first asked for, so importing this package
   pulls in no core module).
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jumpahead.engine.proposal import Proposal, Proposer, RowView
+from jumpahead.engine.methods.proposal import Proposal, Proposer, RowView
 
 from .api import (
     BOUNDARIES,

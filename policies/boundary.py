@@ -1,6 +1,6 @@
 """The engine proposer that runs policies' boundary hooks for one row.
 
-The scheduler asks it between rounds (engine/proposal.py Proposer). It reads the row's
+The scheduler asks it between rounds (engine/methods/proposal.py Proposer). It reads the row's
 new output tokens into an OutputTracker (policies/tracker.py), and for each parser
 boundary they crossed asks the request's policies, in order, for an Intervention; the
 first one wins and becomes a Proposal:
@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from jumpahead.engine.proposal import ASSERTED_KINDS, VERIFIED_KINDS, Proposal, RowView
+from jumpahead.engine.methods.proposal import ASSERTED_KINDS, VERIFIED_KINDS, Proposal, RowView
 
 from .api import BoundaryEvent, Intervention
 from .tracker import Crossing, OutputTracker, span_tokens, text_offsets

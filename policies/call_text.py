@@ -1,16 +1,16 @@
 """A tool call being written, and how to finish it: the policies' view of the family
-modules' partial-call readers (engine/tool_formats/).
+modules' partial-call readers (engine/strict/tool_formats/).
 
 The Hermes / ChatML JSON form's reader and completer are `parse_partial` and `complete`
-(engine/tool_formats/partial.py); every family's are `family.read(call_text)` and
-`family.complete(call, items, layout)` (engine/tool_formats/<family>.py). Policies never
+(engine/strict/tool_formats/partial.py); every family's are `family.read(call_text)` and
+`family.complete(call, items, layout)` (engine/strict/tool_formats/<family>.py). Policies never
 guess a layout they cannot read: anything unexpected is None.
 """
 
 from __future__ import annotations
 
-from jumpahead.engine.tool_formats.base import PartialCall
-from jumpahead.engine.tool_formats.partial import (
+from jumpahead.engine.strict.tool_formats.base import PartialCall
+from jumpahead.engine.strict.tool_formats.partial import (
     DEFAULT_END,
     DEFAULT_START,
     STAGES,

@@ -25,7 +25,7 @@ leads; jump_plan.py the tools' argument roles and the edit rule):
 
 The request must offer exactly one tool of that role (by its schema, `roles`), and
 the arguments must cover its required ones. Anything ambiguous gives no proposal. The
-call is the family's writer's (engine/tool_formats/: start marker, name, arguments, end
+call is the family's writer's (engine/strict/tool_formats/: start marker, name, arguments, end
 marker), after the whitespace the chat template puts between text and a call (read off
 the template once per tokenizer; a template that writes no text before a call, such as
 harmony's or Llama 3's, gives no proposal at `block_closed`).
@@ -43,8 +43,8 @@ import re
 import threading
 from typing import Any
 
-from jumpahead.engine.tool_formats import family_of
-from jumpahead.engine.tool_formats.base import PartialCall
+from jumpahead.engine.strict.tool_formats import family_of
+from jumpahead.engine.strict.tool_formats.base import PartialCall
 
 from .api import BoundaryEvent, Intervention, RequestContext, flag_option
 from .jump import _JumpPolicy

@@ -21,7 +21,7 @@ Each policy instance keeps per-request state (the request's tools, markers, the 
 text, a context index); hooks are cheap after the first boundary of a request.
 
 Every tool-call family is served: the request's family (detected from the tokenizer,
-engine/tool_formats/) reads the call being written and writes its rest, so a jump
+engine/strict/tool_formats/) reads the call being written and writes its rest, so a jump
 appends a call in the model's own format (Hermes JSON, Qwen3-Coder XML, GLM, Kimi,
 Mistral, harmony, DeepSeek, Llama 3 JSON).
 """
@@ -80,7 +80,7 @@ class _JumpPolicy(Policy):
     def configure(self, ctx: RequestContext) -> None:
         """Read what the hooks need from the request: tools, the model's call markers."""
         self.tools = {t.name: ToolSpec.of(t.name, t.parameters) for t in ctx.turn.tools}
-        from jumpahead.engine.tool_formats import detect_family
+        from jumpahead.engine.strict.tool_formats import detect_family
 
         family = detect_family(ctx.tokenizer)
         self.family = None if is_hermes(family) else family

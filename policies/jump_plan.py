@@ -2,7 +2,7 @@
 already holds (docs/design.md, logical jump-ahead).
 
 `plan_online` looks at the call the model is writing (the family's partial-call reader,
-engine/tool_formats/<family>.py; Hermes' `parse_partial` by default) and, once
+engine/strict/tool_formats/<family>.py; Hermes' `parse_partial` by default) and, once
 its destination is fixed (a file tool's path complete; for other tools a first argument
 or a command prefix), finds the complete literal content of the remaining arguments:
 
@@ -42,7 +42,7 @@ from .call_text import CallFormat, PartialCall, complete, parse_partial
 from .jump_sources import Block, EarlierCall, Haystack, blocks_for_path, blocks_in, earlier_calls, lead_names
 
 if TYPE_CHECKING:
-    from jumpahead.engine.tool_formats import ToolFamily
+    from jumpahead.engine.strict.tool_formats import ToolFamily
 
 PATH_KEYS = ("path", "file_path", "filePath", "filename", "file", "target_file", "absolute_path", "notebook_path")
 CONTENT_KEYS = ("content", "file_text", "contents", "text", "code", "new_content")
@@ -118,7 +118,7 @@ class JumpPlan:
     """A decided jump: the arguments still to write, where they came from."""
 
     call: PartialCall | None
-    fmt: Any  # CallFormat (Hermes), else the family's layout (engine/tool_formats/)
+    fmt: Any  # CallFormat (Hermes), else the family's layout (engine/strict/tool_formats/)
     items: list[tuple[str, Any]]  # the arguments still to write (empty: only fixed_text known)
     roles: Roles | None
     source: tuple[int, int] | None = None
@@ -140,7 +140,7 @@ class JumpPlan:
             return None
         if isinstance(self.fmt, CallFormat):
             return complete(self.call, self.items, self.fmt)
-        return self.fmt.complete(self.call, self.items)  # a family's layout (engine/tool_formats/)
+        return self.fmt.complete(self.call, self.items)  # a family's layout (engine/strict/tool_formats/)
 
     def intervention(self) -> Intervention | None:
         text = self.text()

@@ -21,8 +21,8 @@ import json
 import re
 from dataclasses import dataclass
 
-from jumpahead.engine.tool_formats import FAMILIES
-from jumpahead.engine.tool_formats.base import EarlierCall
+from jumpahead.engine.strict.tool_formats import FAMILIES
+from jumpahead.engine.strict.tool_formats.base import EarlierCall
 
 LEAD_CHARS = 300  # how far before a block its file may be named
 
@@ -224,7 +224,7 @@ def blocks_for_path(blocks: list[Block], path: str) -> Found:
 
 def earlier_calls(text: str, start: str = "<tool_call>", end: str = "</tool_call>") -> list[EarlierCall]:
     """The complete calls written in `text` in the `<tool_call>{json}</tool_call>` form
-    (the Hermes format's reader: engine/tool_formats/hermes.py)."""
+    (the Hermes format's reader: engine/strict/tool_formats/hermes.py)."""
     return FAMILIES["hermes"].format.calls_in(text, start, end)
 
 

@@ -7,7 +7,7 @@ tool-call start marker is complete, `block_closed` when a fenced block of the vi
 text closes (its closing fence's characters are complete, read by
 jump_sources.FenceScanner over the parser's content; never inside reasoning or a tool
 call, and not when the same token opens a call). Inside a call the family's scanner
-(engine/tool_formats/, the tokenizer's family) adds `tool_name` (the name is complete)
+(engine/strict/tool_formats/, the tokenizer's family) adds `tool_name` (the name is complete)
 and `argument_key` (each top-level key of the arguments: `"key":` in the JSON families,
 `<parameter=key>` / `<arg_key>key</arg_key>` in the XML ones); for Hermes-JSON calls (and
 a tokenizer of no known family) a small incremental JSON scanner. Where a family's calls
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from jumpahead.engine.tool_formats.scan import CallScanner
+from jumpahead.engine.strict.tool_formats.scan import CallScanner
 from jumpahead.core.output_parser import OutputParser
 from jumpahead.core.turn import ContentDelta, ReasoningDelta, ToolCallDelta, ToolCallStart
 
@@ -48,7 +48,7 @@ class OutputTracker:
 
     def __init__(self, tokenizer: Any, parser: OutputParser, family: Any = "detect") -> None:
         if family == "detect":
-            from jumpahead.engine.tool_formats import detect_family
+            from jumpahead.engine.strict.tool_formats import detect_family
 
             family = detect_family(tokenizer)
         self.family = None if family is None or family.name == "hermes" else family

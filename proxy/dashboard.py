@@ -36,14 +36,14 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
 from jumpahead.engine.interface import Engine
-from jumpahead.engine.methods import token_kinds
+from jumpahead.engine.methods.registry import token_kinds
 
 from jumpahead.core.exchange import BaseHooks, Exchange
 from jumpahead.core.turn import TurnOutput
 
 STATIC = Path(__file__).resolve().parent / "static"
 PAGE_PATHS = ("/dashboard", "/dashboard/dashboard.js", "/dashboard/dashboard.css", "/dashboard/plotly.min.js")
-KINDS = token_kinds()  # the method registry's (engine/methods.py); the page lists its own
+KINDS = token_kinds()  # the method registry's (engine/methods/registry.py); the page lists its own
 MAX_TURNS = 300  # turns kept (the page plots them); older ones only count in the totals
 MAX_SESSIONS = 100
 MAX_INTERVENTIONS = 50
@@ -64,7 +64,7 @@ def ordinary_estimate(completion_tokens: int, decode_s: float, rounds: int, veri
     """Decode seconds ordinary decoding would have taken: one round per token after the
     first (prefill emits the first), each at the turn's mean round time less what its
     `verified` proposal tokens cost (`token_s` each: the engine's fitted per-token
-    cost, engine/width_policy.py). Never less than the turn took: a turn that
+    cost, engine/schedule/width_policy.py). Never less than the turn took: a turn that
     needed a round per token saved nothing."""
     if rounds <= 0 or decode_s <= 0:
         return decode_s

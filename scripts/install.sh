@@ -9,7 +9,7 @@ WITH_TESTS=0; [ "${1:-}" = --test ] && WITH_TESTS=1
 if [ "$(uname -s)" = Linux ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   # MLX's Linux wheel links a slow reference BLAS; jumpahead binds a faster one at start
-  # (engine/blas.py), checked against this CPU. The distribution's OpenBLAS picks its
+  # (engine/machine/blas.py), checked against this CPU. The distribution's OpenBLAS picks its
   # kernels at run time (DYNAMIC_ARCH) and runs on any x86-64 CPU; the cmeel-openblas
   # wheel (built for AVX-512 only) is a checked fallback and needs libgfortran5.
   # With --test: qemu-user too (tests/test_blas_qemu.py runs the choice on emulated CPUs).

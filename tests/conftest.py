@@ -12,7 +12,7 @@ import pytest
 
 import jumpahead.engine  # noqa: F401  (loads OpenBLAS before mlx)
 
-# The load-time serving checks (engine/model_check.py) kept for this test session only:
+# The load-time serving checks (engine/kv/model_check.py) kept for this test session only:
 # processes the tests start reuse a verdict, and no verdict from older code is read.
 os.environ.setdefault("JUMPAHEAD_MODEL_CHECK_CACHE",
                       str(Path(tempfile.mkdtemp(prefix="jumpahead-checks-")) / "serving-checks.json"))
@@ -30,7 +30,7 @@ def shared_path(*parts: str) -> Path:
 
 @pytest.fixture(scope="session")
 def loaded_model():
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     return load_model(None, progress=lambda s: None)
 
@@ -42,7 +42,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     or the model's answers are not the point (forced replay, process plumbing), at a
     small fraction of the default model's cost per token."""
     from jumpahead.bench.family_models import build
-    from jumpahead.engine.default_model import ensure_default_model
+    from jumpahead.engine.model.default_model import ensure_default_model
 
     return build("llama", tmp_path_factory.mktemp("tiny-model"), ensure_default_model(progress=lambda s: None))
 
@@ -50,7 +50,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(tiny_model_dir):
     """tiny_model_dir loaded: (model, tokenizer, info), as loaded_model."""
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     return load_model(str(tiny_model_dir), progress=lambda s: None)
 

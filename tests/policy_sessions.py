@@ -46,7 +46,7 @@ def default_tokenizer(show_reasoning: bool = False) -> Any:
     there; this variant measures what it removes where a template keeps it."""
     from mlx_lm.tokenizer_utils import load
 
-    from jumpahead.engine.default_model import CHAT_TEMPLATE, ensure_default_model
+    from jumpahead.engine.model.default_model import CHAT_TEMPLATE, ensure_default_model
 
     tokenizer = load(ensure_default_model(progress=lambda s: None))
     if show_reasoning:

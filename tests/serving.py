@@ -153,7 +153,7 @@ def frozen_width_policy() -> Any:
     rounds it times. Tests that check which proposals a round carries use it: a fit on a
     loaded machine (a test suite beside other work) can price every proposal out, so
     nothing would be verified; the fit itself is tested on given rounds (test_ragged)."""
-    from jumpahead.engine.width_policy import WidthPolicy
+    from jumpahead.engine.schedule.width_policy import WidthPolicy
 
     class FrozenWidthPolicy(WidthPolicy):
         def observe_round(self, tokens: int, width: int, seconds: float) -> None:

@@ -1,4 +1,4 @@
-"""engine/attention.py: the CPU attention (numpy softmax) against MLX's own kernel.
+"""engine/kv/attention.py: the CPU attention (numpy softmax) against MLX's own kernel.
 
 Oracle: `mx.fast.scaled_dot_product_attention` on the same inputs, for every mask kind
 our caches and mlx-lm hand it; and the default model's logits through our cache
@@ -12,7 +12,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from jumpahead.engine import attention as att
+from jumpahead.engine.kv import attention as att
 
 
 def _inputs(B: int, Hq: int, Hkv: int, L: int, S: int, seed: int = 0):
@@ -101,7 +101,7 @@ def test_model_routes_only_our_cache_through_it(loaded_model, monkeypatch):
     long prompt through our cache equal mlx-lm's own forward to float32 rounding."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    from jumpahead.engine.model_runner import ModelRunner
+    from jumpahead.engine.kv.model_runner import ModelRunner
 
     model, _, _ = loaded_model
     runner = ModelRunner(model)  # installs the routing

@@ -1,4 +1,4 @@
-"""The BLAS choice (engine/blas.py): real build strings against real CPU feature sets,
+"""The BLAS choice (engine/machine/blas.py): real build strings against real CPU feature sets,
 the probe on real libraries, and the choice this process made."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jumpahead.engine import blas
+from jumpahead.engine.machine import blas
 
 # numpy's names for the features of real CPUs (as numpy's CPUID dispatch reports them).
 _BASE = {"MMX", "SSE", "SSE2", "SSE3", "SSSE3", "SSE41", "POPCNT", "SSE42", "X86_V2", "LAHF", "CX16"}
@@ -116,7 +116,7 @@ def test_a_refused_jumpahead_blas_warns_and_falls_back_without_crashing(tmp_path
     junk = tmp_path / "libnotblas.so"
     junk.write_text("not an ELF file")
     env = {**os.environ, "JUMPAHEAD_BLAS": str(junk), "JUMPAHEAD_BLAS_CACHE": str(tmp_path / "cache.json")}
-    code = ("import jumpahead.engine, json; from jumpahead.engine.blas import blas_info; import mlx.core as mx; "
+    code = ("import jumpahead.engine, json; from jumpahead.engine.machine.blas import blas_info; import mlx.core as mx; "
             "x = mx.ones((8, 8)) @ mx.ones((8, 8)); print(json.dumps(blas_info())); assert float(x.sum()) == 512")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
                           cwd=Path(__file__).parent)

@@ -73,7 +73,7 @@ def test_emulated_cpu_refuses_the_avx512_wheel_and_computes_right(cpu, lacks, tm
 def test_the_probe_itself_catches_the_crash(tmp_path, monkeypatch):
     """The safety net under the static check: the wheel's GEMM, run on the emulated
     Haswell, dies with SIGILL in the child, and the verdict says so (the server lives)."""
-    from jumpahead.engine import blas
+    from jumpahead.engine.machine import blas
 
     monkeypatch.setenv("JUMPAHEAD_BLAS_PROBE_WRAPPER", f"{QEMU} -cpu Haswell")
     rc, lines, err = blas._run_probe("check", WHEELS[0], None)
@@ -84,7 +84,7 @@ def test_the_probe_itself_catches_the_crash(tmp_path, monkeypatch):
 FORWARD = """
 import json, jumpahead.engine
 from jumpahead.engine import blas
-from jumpahead.engine.loader import load_model
+from jumpahead.engine.model.loader import load_model
 import mlx.core as mx
 model, tok, info = load_model(None, progress=lambda s: None)
 ids = tok.encode("def add(a, b):")

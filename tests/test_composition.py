@@ -1,4 +1,4 @@
-"""Composition of proposals in one round (engine/scheduler.py `_propose`), on the real
+"""Composition of proposals in one round (engine/schedule/scheduler.py `_propose`), on the real
 default model with the shipped drafter.
 
 A row asks every verified proposer and carries the proposal with the most expected
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-from jumpahead.engine.drafter import DrafterProposer, default_drafter_path
-from jumpahead.engine.echo import EchoProposer
-from jumpahead.engine.proposal import Proposal
+from jumpahead.engine.methods.drafter import DrafterProposer, default_drafter_path
+from jumpahead.engine.methods.echo import EchoProposer
+from jumpahead.engine.methods.proposal import Proposal
 from jumpahead.engine.types import GenerationRequest
 from tests.oracle import assert_same_or_near_tie
 from tests.test_proposals import CODE, CONFIG

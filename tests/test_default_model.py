@@ -19,8 +19,8 @@ from mlx_lm import load as mlx_lm_load
 from mlx_lm import stream_generate
 from mlx_lm.tool_parsers import json_tools
 
-from jumpahead.engine import default_model as dm
-from jumpahead.engine.loader import ModelInfo, cpu_only, decode_ms_per_step, load_model
+from jumpahead.engine.model import default_model as dm
+from jumpahead.engine.model.loader import ModelInfo, cpu_only, decode_ms_per_step, load_model
 
 QUIET = lambda s: None  # noqa: E731
 
@@ -270,7 +270,7 @@ def test_dequantized_decodes_faster_on_cpu(f32, quantized):
     """float32 ~60 ms/step vs q4 ~150 ms/step here (idle machine). Marked slow: on a
     shared 2-core box other processes' load swamps the difference (OpenBLAS threads
     suffer most from oversubscription)."""
-    from jumpahead.engine.blas import blas_info, set_blas_threads
+    from jumpahead.engine.machine.blas import blas_info, set_blas_threads
 
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
     if load > cores + 0.5:  # seen: float32 149 vs q4 147 ms/step at load 4.8 on 2 cores (60 vs 150 idle)
@@ -299,8 +299,8 @@ def test_interrupted_conversion_is_recovered(tmp_path, gguf, model_dir, monkeypa
     child = f"""
 import os, signal
 from pathlib import Path
-import jumpahead.engine.default_model as dm
-import jumpahead.engine.gguf_convert as gc
+import jumpahead.engine.model.default_model as dm
+import jumpahead.engine.model.gguf_convert as gc
 dm.fetch_gguf = lambda workdir, progress: Path({str(gguf_path)!r})
 def die(*a, **k):
     os.kill(os.getpid(), signal.SIGKILL)

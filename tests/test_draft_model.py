@@ -1,4 +1,4 @@
-"""The two-model draft (`--draft-model`, method "draft", engine/draft.py) grouped in the batch.
+"""The two-model draft (`--draft-model`, method "draft", engine/methods/draft_model.py) grouped in the batch.
 
 Every row's draft KV lives in one DraftModelGroup (a batched RowKVCache of the draft
 model, a row per proposer with its own end pointer). Oracles: the group's drafts for
@@ -20,7 +20,7 @@ import json
 
 import pytest
 
-from jumpahead.engine.proposal import RowView
+from jumpahead.engine.methods.proposal import RowView
 from jumpahead.engine.types import GenerationRequest, SamplingParams
 from tests.oracle import assert_same_or_near_tie
 from tests.serving import chat_prompt, frozen_width_policy, run_rows
@@ -35,7 +35,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def weak(loaded_model):
-    from jumpahead.engine.draft import DraftModel, ensure_draft_model
+    from jumpahead.engine.methods.draft_model import DraftModel, ensure_draft_model
 
     return DraftModel.load(ensure_draft_model(4, progress=lambda s: None), loaded_model[1], progress=lambda s: None)
 
@@ -45,7 +45,7 @@ def deng(loaded_model, tmp_path_factory):
     """An engine of its own with the truncated draft attached. cost_aware off: every
     row's proposal is verified every round (the width policy only sizes them), so
     every row of a round drafts and the accept and reject paths both run."""
-    from jumpahead.engine.draft import DraftModel, ensure_draft_model
+    from jumpahead.engine.methods.draft_model import DraftModel, ensure_draft_model
     from jumpahead.engine.engine import Engine, EngineConfig
 
     model, tokenizer, info = loaded_model
@@ -60,7 +60,7 @@ def deng(loaded_model, tmp_path_factory):
 
 def _alone(draft, tokens, k):
     """Row `tokens`' draft computed in a group of its own (a fresh single-row cache)."""
-    from jumpahead.engine.draft import DraftModelGroup, DraftProposer
+    from jumpahead.engine.methods.draft_model import DraftModelGroup, DraftProposer
 
     p = DraftProposer(DraftModelGroup(draft), k=k, max_k=k)
     return p.propose(RowView(list(tokens), 0, 100), k).tokens
@@ -70,7 +70,7 @@ def _alone(draft, tokens, k):
 
 
 def test_group_drafts_equal_each_row_alone_through_rollback_joins_and_leaves(weak, loaded_model):
-    from jumpahead.engine.draft import DraftModelGroup, DraftProposer
+    from jumpahead.engine.methods.draft_model import DraftModelGroup, DraftProposer
 
     tok = loaded_model[1]
     prompts = [chat_prompt(tok, p) for p in PROMPTS[:3]]
@@ -144,7 +144,7 @@ def test_target_as_its_own_draft_is_accepted_in_a_batch_of_four(loaded_model):
     """With the target itself as the draft, a right batched cache (rollback by pointer,
     catch-up, joins, throwaway tokens of idle rows) drafts the target's own greedy
     tokens, so nearly all are accepted at B=4; a stale or misplaced key would miss."""
-    from jumpahead.engine.draft import DraftModel
+    from jumpahead.engine.methods.draft_model import DraftModel
     from tests.serving import engine_of
 
     model, tok, info = loaded_model
@@ -274,10 +274,10 @@ def test_sliding_window_draft_in_a_batch(tmp_path):
     crossing the window several times; greedy output is ordinary decoding's and the
     draft, being the target, is accepted almost everywhere."""
     from jumpahead.bench.family_models import WINDOW, build
-    from jumpahead.engine.default_model import ensure_default_model
-    from jumpahead.engine.draft import DraftModel
+    from jumpahead.engine.model.default_model import ensure_default_model
+    from jumpahead.engine.methods.draft_model import DraftModel
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     folder = build("gemma3_text", tmp_path, ensure_default_model(progress=lambda s: None))
     model, tok, info = load_model(str(folder), progress=lambda s: None)

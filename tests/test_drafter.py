@@ -1,4 +1,4 @@
-"""The learned drafter (engine/drafter.py) on the real default model.
+"""The learned drafter (engine/methods/drafter.py) on the real default model.
 
 Oracles: a row's draft state (RowView.hidden) equals the target's hidden state at the
 position that chose its pending token, recomputed by a fresh forward; drafted rows
@@ -19,7 +19,7 @@ import pytest
 
 import mlx.core as mx
 
-from jumpahead.engine.drafter import Drafter, DrafterError, DraftGroup, default_drafter_path, read_meta
+from jumpahead.engine.methods.drafter import Drafter, DrafterError, DraftGroup, default_drafter_path, read_meta
 from jumpahead.engine.types import GenerationRequest, SamplingParams
 from tests.serving import chat_prompt, frozen_width_policy, run_rows
 
@@ -340,7 +340,7 @@ def test_torch_trainer_reproduces_the_engine_and_its_weights_import(tmp_path, lo
     import sys
 
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.loader import resolve_model
+    from jumpahead.engine.model.loader import resolve_model
     from jumpahead.live import train_drafter_torch as gpu
 
     exported = tmp_path / "export"
@@ -437,7 +437,7 @@ def test_a_drafter_joins_the_defaults_only_where_its_measurement_says_it_pays(tm
     """`live --record-drafter` writes the A/B into the drafter's folder; `serve` reads
     the figures: on only with the whole CI above zero, every seed's output equal, enough
     tasks, no fewer solved, and the same adapter."""
-    from jumpahead.engine.drafter import MIN_PAIRED_TASKS, measured_pays, read_measurement
+    from jumpahead.engine.methods.drafter import MIN_PAIRED_TASKS, measured_pays, read_measurement
     from jumpahead.live.drafter_measurement import DrafterMeasurementError, record_measurement
 
     adapter = {"name": "agent", "digest": "0123456789abcdef"}
@@ -470,14 +470,14 @@ def test_a_drafter_joins_the_defaults_only_where_its_measurement_says_it_pays(tm
 
 def test_serve_adds_the_adapters_drafter_to_its_defaults_where_it_pays(tmp_path):
     """The real engine with the shipped adapter fused (a copy, whose drafter/ folder this
-    test writes the measurement into): `--drafter auto` (engine/methods.py attach_methods)
+    test writes the measurement into): `--drafter auto` (engine/methods/registry.py attach_methods)
     adds method 'drafter' to the defaults only with a paying measurement for this
     adapter, never over --methods."""
     import hashlib
 
-    from jumpahead.engine.drafter import MIN_PAIRED_TASKS, adapter_drafter_path, measured_pays, read_measurement
+    from jumpahead.engine.methods.drafter import MIN_PAIRED_TASKS, adapter_drafter_path, measured_pays, read_measurement
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.methods import attach_methods
+    from jumpahead.engine.methods.registry import attach_methods
     from jumpahead.live.adapter import resolve_adapter
     from jumpahead.live.drafter_measurement import record_measurement
 

@@ -26,7 +26,7 @@ import json
 import pytest
 
 import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
-from jumpahead.engine.tool_formats import FAMILIES as TABLE
+from jumpahead.engine.strict.tool_formats import FAMILIES as TABLE
 from jumpahead.policies.api import BOUNDARIES, BoundaryEvent, RequestContext, SessionState
 from jumpahead.policies.early_jump import EarlyJump
 from jumpahead.policies.jump_sources import FenceScanner, fenced_blocks

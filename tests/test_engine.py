@@ -175,7 +175,7 @@ def test_bad_requests_raise_engine_error(engine):
 def test_row_rollback_is_exact(loaded_model):
     """Write junk tokens for one row of a batch, roll that row back, continue: the
     logits equal those of a cache that never saw the junk (the other row untouched)."""
-    from jumpahead.engine.model_runner import ModelRunner
+    from jumpahead.engine.kv.model_runner import ModelRunner
 
     model, tokenizer, _ = loaded_model
     runner = ModelRunner(model)
@@ -220,7 +220,7 @@ class _Assert:
         self.tokens = tokens
 
     def propose(self, view, max_len):
-        from jumpahead.engine.proposal import Proposal
+        from jumpahead.engine.methods.proposal import Proposal
 
         done = len(view.tokens) - view.prompt_len
         rest = self.tokens[done : done + max_len]
@@ -277,7 +277,7 @@ eng.close()
 @pytest.mark.slow  # six processes that load the default model (~7 s each on 2 cores)
 def test_process_exits_cleanly_after_close(tmp_path):
     """Closing the engine and exiting at once must not race the engine thread's C++
-    thread-local destructors (libstdc++ aborted ~1 run in 4 before engine/threads.py).
+    thread-local destructors (libstdc++ aborted ~1 run in 4 before engine/machine/threads.py).
     It stays on the default model, one process at a time: with join_fully replaced by a
     plain join, 3 of 8 such runs aborted here, but 1 of 8 on a tiny random model and 0 of
     18 with six tiny runs side by side, so a cheaper variant would rarely see the race."""

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from jumpahead.engine.methods import SERVER_DEFAULT, describe, parse_methods
+from jumpahead.engine.methods.registry import SERVER_DEFAULT, describe, parse_methods
 
 from .serving import start_serve
 

@@ -20,7 +20,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm import stream_generate
 
-from jumpahead.engine.proposal import Proposal
+from jumpahead.engine.methods.proposal import Proposal
 from jumpahead.engine.types import GenerationRequest
 from jumpahead.bench.family_models import FAMILIES, WINDOW, build
 from tests.oracle import assert_same_or_near_tie, reference_logits
@@ -33,13 +33,13 @@ TEXTS = [
     "What is the capital of France? Answer in one word, then explain why it is the capital.",
 ]
 N = 16
-REAL = "gemma3-270m"  # real weights of a second family (engine/gemma3_model.py): slow, downloads once
+REAL = "gemma3-270m"  # real weights of a second family (engine/model/gemma3_model.py): slow, downloads once
 ALL = [*FAMILIES, pytest.param(REAL, marks=pytest.mark.slow)]
 
 
 @pytest.fixture(scope="module")
 def family_dir(tmp_path_factory):
-    from jumpahead.engine.default_model import ensure_default_model
+    from jumpahead.engine.model.default_model import ensure_default_model
 
     root = tmp_path_factory.mktemp("families")
     tok = ensure_default_model(progress=lambda s: None)
@@ -58,7 +58,7 @@ def fam(request) -> str:
 def family(family_dir):
     """fam -> dict(model, tokenizer, engine, prompts, ordinary), built once per module."""
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     made: dict[str, dict] = {}
 
@@ -195,8 +195,8 @@ def test_verified_proposals_equal_ordinary(family, fam, mode):
 @pytest.mark.parametrize("method", ["echo", "ngram", "draft"])
 def test_methods_equal_ordinary(family, family_dir, fam, method):
     """The real proposers (draft: the tiny llama as draft model) on a copy-heavy prompt."""
-    from jumpahead.engine.draft import DraftModel
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.methods.draft_model import DraftModel
+    from jumpahead.engine.model.loader import load_model
 
     f = family(fam)
     eng = f["engine"]
@@ -218,7 +218,7 @@ def test_state_after_rejection_equals_fresh_forward(family, fam):
     """Two rows of different lengths verify proposals of different widths; each
     accepts part. After the round is settled (attention by pointer, recurrent state
     by replay) the next logits equal a fresh forward over the committed tokens."""
-    from jumpahead.engine.cache_layout import single_row
+    from jumpahead.engine.kv.cache_layout import single_row
 
     f = family(fam)
     runner, model = f["engine"].runner, f["model"]
@@ -368,7 +368,7 @@ def test_stored_prefix_keeps_only_the_sliding_windows(family, fam, tmp_path):
     bytes are what the formula says, and a hit installs a row whose next logits equal
     a fresh forward's."""
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.prefix_cache import RECURRENT
+    from jumpahead.engine.prefix.prefix_cache import RECURRENT
 
     f = family(fam)
     prompt = f["prompts"][0]
@@ -408,9 +408,9 @@ def test_unknown_cache_kind_is_refused_at_load(family_dir):
     """A layer cache the engine does not know fails at startup, naming it."""
     from mlx_lm.models.cache import _BaseCache
 
-    from jumpahead.engine.cache_layout import UnsupportedModel
+    from jumpahead.engine.kv.cache_layout import UnsupportedModel
     from jumpahead.engine.engine import Engine
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     class MysteryCache(_BaseCache):  # a cache kind mlx-lm might add later
         pass

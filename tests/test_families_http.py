@@ -30,7 +30,7 @@ TOOL = {"name": "get_weather", "description": "The weather in Paris.",
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     """fam -> a running `jumpahead serve --model ... --policy fit`, started on first use."""
-    from jumpahead.engine.default_model import ensure_default_model
+    from jumpahead.engine.model.default_model import ensure_default_model
 
     root = tmp_path_factory.mktemp("families-http")
     tok = ensure_default_model(progress=lambda s: None)

@@ -1,4 +1,4 @@
-"""engine/fast_ops.py: the table RoPE and the compiled RMSNorm are bit-identical to the
+"""engine/kv/fast_ops.py: the table RoPE and the compiled RMSNorm are bit-identical to the
 modules they stand in for, are taken only inside the engine's forwards, and cut the
 decode graph of the default model."""
 
@@ -14,7 +14,7 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.models.rope_utils import Llama3RoPE
 
-from jumpahead.engine import fast_ops
+from jumpahead.engine.kv import fast_ops
 
 pytestmark = pytest.mark.skipif(mx.default_device() != mx.cpu, reason="the substitutions are CPU-only")
 

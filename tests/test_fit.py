@@ -193,7 +193,7 @@ def test_steps_are_in_cost_order() -> None:
 def test_fit_is_on_for_the_embedded_model_only(tmp_path: Path) -> None:
     """`jumpahead serve` with no --model runs fit; with --no-fit or a user model path
     it does not, and the Claude Code request gets 400 (the prompt is over the window)."""
-    from jumpahead.engine.default_model import ensure_default_model
+    from jumpahead.engine.model.default_model import ensure_default_model
 
     body = claude_code_body()
     body.update(stream=False, max_tokens=4)

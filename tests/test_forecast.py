@@ -1,4 +1,4 @@
-"""The throughput objective's forecast of who finishes last (engine/forecast.py) and the
+"""The throughput objective's forecast of who finishes last (engine/schedule/forecast.py) and the
 session lengths the proxy reads off the history (core/turn_lengths.py).
 
 Real rows of the real engine on the default model: the row forecast to finish last is
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from jumpahead.bench.echo import CONFIG as ECHO_CONFIG, chat_prompt
-from jumpahead.engine.forecast import from_lengths, note_copy, remaining
+from jumpahead.engine.schedule.forecast import from_lengths, note_copy, remaining
 from jumpahead.engine.types import GenerationRequest
 from jumpahead.core.turn import Message, ToolCall, Turn
 from jumpahead.core.turn_lengths import CALL_MARKUP, recent_turn_lengths

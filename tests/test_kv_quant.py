@@ -1,4 +1,4 @@
-"""Quantized KV cache (engine/kv_format.py) composed with the batch, verified proposals,
+"""Quantized KV cache (engine/kv/kv_format.py) composed with the batch, verified proposals,
 the real proposers and the prefix cache (RAM and SSD), on the default model and on
 tiny random-weight models of the families whose attention it quantizes: full
 (llama), sliding window (gemma3_text), sliding window + sinks (gpt_oss), hybrid
@@ -32,8 +32,8 @@ import mlx.core as mx
 import pytest
 
 from jumpahead.bench.family_models import build
-from jumpahead.engine.kv_format import KVFormat, parse_kv_format
-from jumpahead.engine.model_runner import ModelRunner
+from jumpahead.engine.kv.kv_format import KVFormat, parse_kv_format
+from jumpahead.engine.kv.model_runner import ModelRunner
 from jumpahead.engine.types import GenerationRequest
 from tests.oracle import assert_same_or_near_tie
 from tests.test_families import N, TEXTS, ScriptedVerified, staggered_four, tokens_of
@@ -51,7 +51,7 @@ def tie(fmt: KVFormat) -> float:
 
 @pytest.fixture(scope="module")
 def tokenizer_dir():
-    from jumpahead.engine.default_model import ensure_default_model
+    from jumpahead.engine.model.default_model import ensure_default_model
 
     return ensure_default_model(progress=lambda s: None)
 
@@ -60,7 +60,7 @@ def tokenizer_dir():
 def quantized(tmp_path_factory, tokenizer_dir):
     """(fam, format name) -> dict(model, tokenizer, engine, prompts, folder), one engine at a time."""
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     root = tmp_path_factory.mktemp("kvfam")
     made: dict[tuple, dict] = {}
@@ -172,7 +172,7 @@ COLD_AND_WARM = r"""
 import json, sys
 import jumpahead.engine
 from jumpahead.engine.engine import Engine, EngineConfig
-from jumpahead.engine.kv_format import KVFormat
+from jumpahead.engine.kv.kv_format import KVFormat
 from jumpahead.engine.types import GenerationRequest
 folder, directory, prompt, bits = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
 fmt = KVFormat(*bits)
@@ -257,7 +257,7 @@ def test_bad_formats_are_refused_clearly(tokenizer_dir, tmp_path):
     assert parse_kv_format(None) is None and parse_kv_format(8).value_bits == 8
     # a head width the group size does not divide: refused at load, naming the flag
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     folder = build("llama", tmp_path, tokenizer_dir, size="kv")  # head_dim 64
     model, tok, info = load_model(str(folder), progress=lambda s: None)
@@ -278,7 +278,7 @@ def test_both_attention_paths_agree_with_mlx_lm(monkeypatch, bits, L):
     with a causal mask, a boolean per-row mask, and attention sinks."""
     from mlx_lm.models.base import quantized_scaled_dot_product_attention
 
-    from jumpahead.engine import attention as att
+    from jumpahead.engine.kv import attention as att
 
     fmt = KVFormat(*bits)
     mx.random.seed(L)
@@ -368,7 +368,7 @@ LOOSE_AT_MOST = 3
 
 @pytest.fixture(scope="module")
 def oracle_models(tmp_path_factory, tokenizer_dir):
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     root = tmp_path_factory.mktemp("kvoracle")
     made: dict = {}
@@ -396,7 +396,7 @@ class QuantizedReference:
         self.loose: list[str] = []  # row checks within ROUNDING but not TIGHT
 
     def _engine_view(self, layer, row: int, T: int, bits: int, values: bool, margin: int):
-        from jumpahead.engine.row_cache import SlidingLayerCache
+        from jumpahead.engine.kv.row_cache import SlidingLayerCache
 
         buf = layer.values if values else layer.keys
         if buf is None:
@@ -519,8 +519,8 @@ def test_the_oracle_catches_an_attention_scale_2pc_off_in_batched_forwards(oracl
     """The oracle is sharp: attention's scale 2% off only where a forward carries more
     than one row (the packed path of llama, the padded one of gemma3_text, MLA's float
     path of deepseek_v3) fails it; the oracle itself is not patched."""
-    from jumpahead.engine import attention as att
-    from jumpahead.engine import ragged
+    from jumpahead.engine.kv import attention as att
+    from jumpahead.engine.kv import ragged
 
     model, prompts = oracle_models(fam)
     real = att.attention
@@ -564,10 +564,10 @@ def test_kv_bits_8_loads_and_decodes_like_mlx_lm_over_the_same_quantized_kv(orac
 def test_install_routes_the_attention_classes_of_wrapper_models(oracle_models, monkeypatch, fam):
     """qwen3_5's model class wraps qwen3_next's attention layers (another mlx-lm
     module): install patches every module whose classes appear in the model, so our
-    cache layers' attention runs engine/attention.py there too, quantized or not."""
+    cache layers' attention runs engine/kv/attention.py there too, quantized or not."""
     import sys as _sys
 
-    from jumpahead.engine import attention as att
+    from jumpahead.engine.kv import attention as att
 
     model, prompts = oracle_models(fam)
     calls = []

@@ -1,9 +1,9 @@
 """Draft, drafter and MTP composed with a quantized KV cache (--kv-bits, issue 41).
 
 Under --kv-bits only the target's attention KV is quantized: the draft model runs its
-own ModelRunner (engine/draft.py, full-precision KV), the drafter reads the target's
+own ModelRunner (engine/methods/draft_model.py, full-precision KV), the drafter reads the target's
 hidden state and keeps no KV, and the MTP layer keeps its own full-precision cache
-(engine/mtp_group.py RowKVCache(1)). What must hold is that the target verifies the
+(engine/methods/mtp_group.py RowKVCache(1)). What must hold is that the target verifies the
 proposals over its quantized KV exactly as it decodes without them: the rows equal
 ordinary decoding under the same format, alone and at B=4 with staggered arrivals,
 while the method really proposes and gets tokens accepted (the rows' own usage.fill
@@ -37,7 +37,7 @@ import mlx.core as mx
 import pytest
 
 from jumpahead.bench.family_models import build, build_hf_with_mtp
-from jumpahead.engine.kv_format import KVFormat, parse_kv_format
+from jumpahead.engine.kv.kv_format import KVFormat, parse_kv_format
 from jumpahead.engine.types import GenerationRequest
 from tests.oracle import assert_same_or_near_tie
 from tests.serving import frozen_width_policy, run_rows
@@ -58,7 +58,7 @@ SUBJECTS = {"draft": "llama", "drafter": "next", "mtp": "next", "mtp-random": "n
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    from jumpahead.engine.default_model import ensure_default_model
+    from jumpahead.engine.model.default_model import ensure_default_model
 
     tok = ensure_default_model(progress=lambda s: None)
     root = tmp_path_factory.mktemp("kv-methods")
@@ -71,7 +71,7 @@ def bigram_drafter(model):
     """A Drafter that predicts the predictable model's next token from the pending one:
     x = rmsnorm(embed(token)) (fc passes the embedding half, the FFN adds nothing), then
     the target's own final norm and lm_head over the whole vocabulary."""
-    from jumpahead.engine.drafter import Drafter
+    from jumpahead.engine.methods.drafter import Drafter
 
     embed = model.model.embed_tokens.weight
     vocab, dim = embed.shape
@@ -90,9 +90,9 @@ def bigram_drafter(model):
 @pytest.fixture(scope="module")
 def served(folders):
     """(subject, format name) -> dict(engine, model, prompts, format, ordinary), one engine alive at a time."""
-    from jumpahead.engine.draft import DraftModel
+    from jumpahead.engine.methods.draft_model import DraftModel
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     made: dict[tuple, dict] = {}
 
@@ -227,7 +227,7 @@ def test_serve_parses_kv_bits_with_each_method_and_attaches_it(folders, tmp_path
     each combination."""
     from jumpahead.app.cli import build_parser
     from jumpahead.app.serve import engine_config
-    from jumpahead.engine.drafter import target_fingerprint
+    from jumpahead.engine.methods.drafter import target_fingerprint
     from jumpahead.engine.engine import Engine
 
     llama, nxt = folders["llama"](), folders["next"]()
@@ -248,7 +248,7 @@ def test_serve_parses_kv_bits_with_each_method_and_attaches_it(folders, tmp_path
         eng.close()
 
     # drafter (a saved drafter folder for the served model) and mtp (the folder's own mtp.*)
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     model = load_model(str(nxt), progress=lambda s: None)[0]
     drafter_dir = bigram_drafter(model).save(tmp_path / "drafter", target_fingerprint(model))
@@ -287,12 +287,12 @@ def test_random_mtp_weights_are_rejected_exactly_under_kv_bits(served, fmt):
 def test_second_turn_restores_the_methods_state_beside_the_quantized_prefix(folders, tmp_path, method):
     """With the prefix cache on (serve's default), a second turn that extends the first
     restores the target's quantized KV and the method's own full-precision state stored
-    beside it (engine/draft.py DraftCompanion, engine/mtp_companion.py), then drafts and
+    beside it (engine/methods/draft_model.py DraftCompanion, engine/methods/mtp_companion.py), then drafts and
     lands tokens; it equals the same turn without the method. Then the same from the
     SSD tier in a restarted engine."""
-    from jumpahead.engine.draft import DraftModel
+    from jumpahead.engine.methods.draft_model import DraftModel
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     model, tok, info = load_model(str(folders[SUBJECTS[method]]()), progress=lambda s: None)
 

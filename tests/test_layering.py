@@ -2,7 +2,12 @@
 
     engine  <-  core  <-  policies  <-  proxy  <-  traces  <-  live  <-  bench  <-  app
 
-(docs/design.md "Layers"). The test reads every import statement of the source (AST,
+(docs/design.md "Layers"). Inside engine/ the rooms are layered the same way:
+
+    base  <-  machine  <-  model  <-  kv  <-  methods  <-  strict  <-  schedule  <-  prefix  <-  top
+
+where base is engine/'s own modules everything uses (types, logprobs, sampler) and top
+its assembly (engine.py, interface.py, memory.py, the package's __init__). The test reads every import statement of the source (AST,
 module level and inside functions alike, TYPE_CHECKING blocks included, since a lazy
 import is still a dependency) and fails on an upward import; with one order over the
 packages no package cycle can exist. It also fails on a cycle of module-level imports
@@ -61,6 +66,23 @@ def _imports(module: str, path: Path) -> list[tuple[str, bool]]:
     return out
 
 
+ROOMS = ["base", "machine", "model", "kv", "methods", "strict", "schedule", "prefix", "top"]
+ROOM_RANK = {name: i for i, name in enumerate(ROOMS)}
+BASE = {"types", "logprobs", "sampler"}
+
+
+def _room(module: str) -> str | None:
+    """The room of an engine module: its folder under engine/, or base/top for the flat ones."""
+    parts = module.split(".")
+    if parts[:2] != ["jumpahead", "engine"]:
+        return None
+    if len(parts) == 2:
+        return "top"
+    if parts[2] in ROOM_RANK and (ROOT / "engine" / parts[2]).is_dir():
+        return parts[2]
+    return "base" if parts[2] in BASE else "top"
+
+
 def _package(module: str) -> str | None:
     parts = module.split(".")
     return parts[1] if len(parts) > 1 and parts[0] == "jumpahead" and parts[1] in RANK else None
@@ -75,6 +97,27 @@ def test_no_package_imports_upward() -> None:
             if here and there and RANK[there] > RANK[here]:
                 upward.append(f"{path.relative_to(ROOT)}: imports {target} ({here} is below {there})")
     assert not upward, "upward imports:\n" + "\n".join(sorted(set(upward)))
+
+
+def test_engine_rooms_import_downward() -> None:
+    """engine/ is housed as its subsystems: a room imports only rooms below it (lazy and
+    TYPE_CHECKING imports included), so the prefix cache, say, is reached from the
+    scheduler only through the `RowHooks` protocol the scheduler declares."""
+    modules = _modules()
+    rooms = {_room(m) for m in modules if m.startswith("jumpahead.engine")}
+    assert rooms == set(ROOMS), f"engine/ rooms on disk differ from the layering: {sorted(rooms - set(ROOMS))}"
+    flat = sorted(p.stem for p in (ROOT / "engine").glob("*.py") if p.stem != "__init__")
+    assert set(flat) == BASE | {"engine", "interface", "memory"}, f"a new flat engine module needs a room: {flat}"
+    upward: list[str] = []
+    for module, path in modules.items():
+        here = _room(module)
+        if here is None:
+            continue
+        for target, _ in _imports(module, path):
+            there = _room(target)
+            if there and ROOM_RANK[there] > ROOM_RANK[here]:
+                upward.append(f"{path.relative_to(ROOT)}: imports {target} ({here} is below {there})")
+    assert not upward, "upward imports between engine rooms:\n" + "\n".join(sorted(set(upward)))
 
 
 def test_no_cycle_of_module_level_imports() -> None:
@@ -125,6 +168,14 @@ def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
     assert ("jumpahead.proxy.server", False) in found
     assert ("jumpahead.core.turn", False) in found
     assert RANK[_package("jumpahead.proxy.server")] > RANK[_package("jumpahead.core.x")]
+
+
+def test_the_checker_places_engine_modules_in_rooms() -> None:
+    assert _room("jumpahead.engine.kv.row_cache") == "kv"
+    assert _room("jumpahead.engine.types") == "base"
+    assert _room("jumpahead.engine.engine") == "top" and _room("jumpahead.engine") == "top"
+    assert _room("jumpahead.core.turn") is None
+    assert ROOM_RANK["schedule"] < ROOM_RANK["prefix"]
 
 
 def test_policy_api_imports_nothing_of_jumpahead_at_import_time() -> None:

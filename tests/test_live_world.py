@@ -177,7 +177,7 @@ def test_generate_mixes_recoveries():
 def tokenizer():
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-    from jumpahead.engine.default_model import ensure_default_model
+    from jumpahead.engine.model.default_model import ensure_default_model
 
     return load_tokenizer(ensure_default_model(progress=lambda s: None))
 

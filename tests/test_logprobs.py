@@ -15,7 +15,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from jumpahead.engine.proposal import Proposal
+from jumpahead.engine.methods.proposal import Proposal
 from jumpahead.engine.types import GenerationRequest, SamplingParams
 from tests.serving import engine_of
 

@@ -1,8 +1,8 @@
-"""A stateful method is one registry entry (engine/methods.py Method + Lifecycle).
+"""A stateful method is one registry entry (engine/methods/registry.py Method + Lifecycle).
 
 The method `memo` below is registered alone, in this test: no Engine, serve or scheduler
 code names it. Its state (a `Plan`, loaded from a spec file) is loaded and attached by
-the one path every engine runs (EngineConfig.method_specs, engine/methods.py
+the one path every engine runs (EngineConfig.method_specs, engine/methods/registry.py
 attach_methods), joins the defaults by its measured rule, and keeps per-row state in
 the prefix cache through its companion. Its proposer proposes, for a prompt it has seen,
 the tokens that prompt produced before (verified: accepted where the model agrees).
@@ -18,9 +18,9 @@ import httpx
 import mlx.core as mx
 import pytest
 
-from jumpahead.engine import methods
-from jumpahead.engine.methods import Lifecycle, Method, MethodError, attach_methods, register, unregister
-from jumpahead.engine.proposal import Proposal, RowView, unwrapped
+from jumpahead.engine.methods import registry as methods
+from jumpahead.engine.methods.registry import Lifecycle, Method, MethodError, attach_methods, register, unregister
+from jumpahead.engine.methods.proposal import Proposal, RowView, unwrapped
 
 NAME = "memo"
 

@@ -1,4 +1,4 @@
-"""The method registry (engine/methods.py) is the one list of proposal methods.
+"""The method registry (engine/methods/registry.py) is the one list of proposal methods.
 
 Token kinds, `--methods` names, the engine's proposers, the verified/asserted split and
 the replay and live arms all come from it: a method registered here (a small real
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from jumpahead.engine import methods
-from jumpahead.engine.methods import Method, MethodArm, describe, known, parse_methods, register, token_kinds, unregister
-from jumpahead.engine.proposal import ASSERTED_KINDS, VERIFIED_KINDS, Proposal, RowView
+from jumpahead.engine.methods import registry as methods
+from jumpahead.engine.methods.registry import Method, MethodArm, describe, known, parse_methods, register, token_kinds, unregister
+from jumpahead.engine.methods.proposal import ASSERTED_KINDS, VERIFIED_KINDS, Proposal, RowView
 from jumpahead.engine.types import EngineError, GenerationRequest
 from jumpahead.live.arms import parse_live_arm
 from jumpahead.traces.arms import ARMS, parse_arm
@@ -58,12 +58,12 @@ def test_no_other_module_lists_the_methods() -> None:
     found = {}
     for pkg in ("engine", "proxy", "policies", "traces", "live"):
         for f in sorted((REPO / pkg).rglob("*.py")):
-            if f == REPO / "engine" / "methods.py":
+            if f == REPO / "engine" / "methods" / "registry.py":
                 continue
             lines = _method_literals(f)
             if lines:
                 found[str(f.relative_to(REPO))] = lines
-    assert not found, f"method names listed outside engine/methods.py: {found}"
+    assert not found, f"method names listed outside engine/methods/registry.py: {found}"
 
 
 class ReplayProposer:

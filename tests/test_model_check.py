@@ -1,4 +1,4 @@
-"""The load-time check (engine/model_check.py) on the model types it was written for,
+"""The load-time check (engine/kv/model_check.py) on the model types it was written for,
 each a tiny random-weight model from mlx-lm's own classes (bench/model_zoo.py):
 
 - nemotron_h: its SSM update ignores per-row lengths, so a padded row's real tokens
@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory):
     from jumpahead.bench import model_zoo
-    from jumpahead.engine.default_model import ensure_default_model
+    from jumpahead.engine.model.default_model import ensure_default_model
 
     root = tmp_path_factory.mktemp("zoo")
     tok = ensure_default_model(progress=lambda s: None)
@@ -48,7 +48,7 @@ def zoo(tmp_path_factory):
 
 def _engine(folder: Path):
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     model, tok, info = load_model(str(folder), progress=lambda s: None)
     eng = Engine(model, tok, info, EngineConfig(max_batch=8, cost_aware=False, prefix_cache=False))
@@ -218,14 +218,14 @@ def test_a_restarted_process_reads_the_verdict_instead_of_running_the_check(tmp_
     a cache turned off runs it again."""
     script = ("import logging, sys; logging.basicConfig(level='INFO', stream=sys.stdout)\n"
               "import jumpahead.engine\n"
-              "from jumpahead.engine.loader import load_model\n"
-              "from jumpahead.engine.model_runner import ModelRunner\n"
-              "from jumpahead.engine.kv_format import parse_kv_format\n"
+              "from jumpahead.engine.model.loader import load_model\n"
+              "from jumpahead.engine.kv.model_runner import ModelRunner\n"
+              "from jumpahead.engine.kv.kv_format import parse_kv_format\n"
               "m, t, i = load_model(sys.argv[1], progress=lambda s: None)\n"
               "fmt = parse_kv_format(int(sys.argv[2]) if sys.argv[2] != '0' else None, None, 64)\n"
               "print('MODE', ModelRunner(m, fmt).serving.mode)\n")
     from jumpahead.bench.family_models import build
-    from jumpahead.engine.default_model import ensure_default_model
+    from jumpahead.engine.model.default_model import ensure_default_model
 
     folder = build("llama", tmp_path, ensure_default_model(progress=lambda s: None), size="kv")  # 64-wide heads
     file = tmp_path / "checks.json"

@@ -1,4 +1,4 @@
-"""Checkpoint-native MTP (engine/mtp.py) on tiny random-weight qwen3_next and qwen3_5
+"""Checkpoint-native MTP (engine/methods/mtp.py) on tiny random-weight qwen3_next and qwen3_5
 models saved as Hugging Face format folders with `mtp.*` tensors of the real names and
 shapes (bench/family_models.build_hf_with_mtp), read by the real loading code.
 
@@ -20,7 +20,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from jumpahead.bench.family_models import MTP_FAMILIES, build, build_hf_with_mtp
-from jumpahead.engine.mtp import MtpCache, MtpProposer, read_mtp_weights
+from jumpahead.engine.methods.mtp import MtpCache, MtpProposer, read_mtp_weights
 from jumpahead.engine.types import EngineError, GenerationRequest, SamplingParams
 from tests.serving import chat_prompt, frozen_width_policy, run_rows
 
@@ -31,7 +31,7 @@ TOKENS = 24
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    from jumpahead.engine.default_model import ensure_default_model
+    from jumpahead.engine.model.default_model import ensure_default_model
 
     root = tmp_path_factory.mktemp("mtp-families")
     tok = ensure_default_model(progress=lambda s: None)
@@ -42,7 +42,7 @@ def folders(tmp_path_factory):
 def served(folders):
     """(fam, predictable) -> an engine with the folder's MTP layer (one engine alive at a time)."""
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     made: dict = {}
 
@@ -161,7 +161,7 @@ def two_turns(eng, proposer, first_method: str = "none", between=None) -> tuple[
 def cache_engine(folders, tmp_path, ssd: bool = False):
     """An engine on the predictable qwen3_next folder with a prefix cache under tmp_path."""
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     model, tok, info = load_model(str(folders("qwen3_next", True)), progress=lambda s: None)
     eng = Engine(model, tok, info, EngineConfig(max_batch=2, method_specs={"mtp": "auto"}, objective="latency", warm_up=False,
@@ -238,9 +238,9 @@ def test_mtp_cache_holds_the_entries_of_the_targets_states(served, fam):
 def test_folder_without_mtp_weights_serves_as_before(tmp_path, fam):
     """An mlx-lm folder (no mtp.*) with --mtp auto: no MTP, ordinary serving unchanged,
     and method 'mtp' refused with the reason."""
-    from jumpahead.engine.default_model import ensure_default_model
+    from jumpahead.engine.model.default_model import ensure_default_model
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     folder = build(fam, tmp_path, ensure_default_model(progress=lambda s: None))
     assert read_mtp_weights(folder) is None
@@ -286,9 +286,9 @@ def test_serve_adds_mtp_to_the_defaults_only_where_measured_to_pay(served, folde
     import json
     import logging
 
-    from jumpahead.engine.drafter import MIN_PAIRED_TASKS
-    from jumpahead.engine.methods import attach_methods, parse_methods
-    from jumpahead.engine.mtp import MEASURED
+    from jumpahead.engine.methods.drafter import MIN_PAIRED_TASKS
+    from jumpahead.engine.methods.registry import attach_methods, parse_methods
+    from jumpahead.engine.methods.mtp import MEASURED
 
     def attach_mtp(eng, spec: str, explicit_methods: bool) -> None:  # as serve's --mtp SPEC [--methods]
         attach_methods(eng, {"mtp": spec}, measured_defaults=not explicit_methods)

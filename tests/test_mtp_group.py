@@ -1,4 +1,4 @@
-"""MTP drafted for every row of a round at once (engine/mtp_group.py MtpGroup), on the
+"""MTP drafted for every row of a round at once (engine/methods/mtp_group.py MtpGroup), on the
 tiny random-weight qwen3_next / qwen3_5 folders of tests/test_mtp.py.
 
 Oracles: with rows joining and leaving (more requests than slots, different lengths)
@@ -19,8 +19,8 @@ import pytest
 import mlx.core as mx
 
 from jumpahead.bench.family_models import MTP_FAMILIES
-from jumpahead.engine.mtp import MtpProposer
-from jumpahead.engine.mtp_group import GroupedMtpProposer
+from jumpahead.engine.methods.mtp import MtpProposer
+from jumpahead.engine.methods.mtp_group import GroupedMtpProposer
 from jumpahead.engine.types import GenerationRequest
 from tests.serving import chat_prompt, run_rows
 from tests.test_mtp import TEXTS, cache_engine, check_entries_are_the_targets, folders, served, two_turns  # noqa: F401
@@ -179,7 +179,7 @@ def test_warm_turn_restores_the_mtp_state_from_the_prefix_cache(folders, tmp_pat
     only the positions the target runs (plus the states after turn 1's last draft),
     its entries from position 0 equal a fresh forward over the whole sequence, and the
     output is ordinary decoding's."""
-    from jumpahead.engine.mtp_companion import MtpCompanion
+    from jumpahead.engine.methods.mtp_companion import MtpCompanion
 
     engines = [cache_engine(folders, tmp_path, ssd=restart)]
 

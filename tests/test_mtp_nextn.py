@@ -1,4 +1,4 @@
-"""The DeepSeek-V3 layout of checkpoint-native MTP (engine/mtp_nextn.py) on tiny
+"""The DeepSeek-V3 layout of checkpoint-native MTP (engine/methods/mtp_nextn.py) on tiny
 random-weight deepseek_v3, glm4_moe and glm4_moe_lite models saved as Hugging Face
 folders whose MTP layer is `model.layers.{N}.*` of the real names
 (bench/family_models.build_hf_with_nextn), read by the real loading code.
@@ -17,7 +17,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from jumpahead.bench.family_models import NEXTN_FAMILIES, _nextn_to_hf, build_hf_with_nextn
-from jumpahead.engine.mtp_nextn import NextnHead, read_nextn_weights
+from jumpahead.engine.methods.mtp_nextn import NextnHead, read_nextn_weights
 from jumpahead.engine.types import GenerationRequest
 from tests.serving import chat_prompt, frozen_width_policy, run_rows
 from tests.test_mtp import TEXTS, check_rejected_exactly
@@ -29,9 +29,9 @@ TOKENS = 24
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """(fam, predictable) -> (folder, an engine with its MTP layer); one engine alive at a time."""
-    from jumpahead.engine.default_model import ensure_default_model
+    from jumpahead.engine.model.default_model import ensure_default_model
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     root = tmp_path_factory.mktemp("nextn-families")
     tok = ensure_default_model(progress=lambda s: None)

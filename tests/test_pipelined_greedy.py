@@ -1,4 +1,4 @@
-"""The pipelined greedy round (engine/scheduler.py `_greedy_round`: the next round's
+"""The pipelined greedy round (engine/schedule/scheduler.py `_greedy_round`: the next round's
 forward is queued from this round's lazy argmax before its tokens are read, as mlx-lm's
 generate_step does) forced on the CPU with EngineConfig(pipeline_greedy=True); it is the
 default decode path on a GPU and off on this CPU, where it is slower.
@@ -34,7 +34,7 @@ def engines(tiny_model_dir):
     """{"pipelined": ..., "plain": ...}: two engines of the tiny llama, each with a model
     of its own, that differ only in pipeline_greedy."""
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
 
     out = {}
     for name, pipeline in (("pipelined", True), ("plain", False)):

@@ -110,7 +110,7 @@ POLICIES = textwrap.dedent('''
             self.tokens = list(tokens)
 
         def propose(self, view, max_len):
-            from jumpahead.engine.proposal import Proposal
+            from jumpahead.engine.methods.proposal import Proposal
             out = list(view.tokens[view.prompt_len:])
             if out == self.tokens[:len(out)] and len(out) < len(self.tokens):
                 return Proposal(self.tokens[len(out):], "jump")

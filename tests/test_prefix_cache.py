@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 
 from jumpahead.engine.engine import Engine, EngineConfig
-from jumpahead.engine.prefix_cache import PrefixCache
-from jumpahead.engine.row_cache import DiskPiece, RowKVCache
-from jumpahead.engine.ssd_cache import SsdStore
+from jumpahead.engine.prefix.prefix_cache import PrefixCache
+from jumpahead.engine.kv.row_cache import DiskPiece, RowKVCache
+from jumpahead.engine.prefix.ssd_cache import SsdStore
 from jumpahead.engine.types import GenerationRequest
 from tests.oracle import assert_same_or_near_tie
 from tests.serving import engine_of
@@ -169,7 +169,7 @@ def test_concurrent_hits_on_a_shared_prefix(engines, cache_off, loaded_model, tm
 
 def test_entries_are_real_copies(loaded_model):
     """Published entries and installed hits live in buffers of their own."""
-    from jumpahead.engine.model_runner import ModelRunner
+    from jumpahead.engine.kv.model_runner import ModelRunner
 
     model, tokenizer, _ = loaded_model
     runner = ModelRunner(model)
@@ -219,7 +219,7 @@ def test_entries_are_real_copies(loaded_model):
 WRITER = r"""
 import json, random, sys
 import jumpahead.engine
-from jumpahead.engine.loader import load_model
+from jumpahead.engine.model.loader import load_model
 from jumpahead.engine.engine import Engine, EngineConfig
 from jumpahead.engine.types import GenerationRequest
 

@@ -24,7 +24,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from jumpahead.engine.proposal import Proposal
+from jumpahead.engine.methods.proposal import Proposal
 from jumpahead.engine.types import GenerationRequest, SamplingParams
 from tests.oracle import assert_same_or_near_tie, first_difference, reference_logits
 
@@ -56,7 +56,7 @@ METHODS = ["echo", "ngram", "draft", "weak_draft"]
 @pytest.fixture(scope="module")
 def ctx(loaded_model):
     """A private engine with the strong draft attached, plus the weak draft."""
-    from jumpahead.engine.draft import DraftModel, ensure_draft_model
+    from jumpahead.engine.methods.draft_model import DraftModel, ensure_draft_model
     from jumpahead.engine.engine import Engine, EngineConfig
 
     model, tokenizer, info = loaded_model
@@ -287,7 +287,7 @@ def test_throughput_objective_verifies_only_where_the_batch_gains(ctx):
 
 
 def test_objective_is_validated():
-    from jumpahead.engine.scheduler import SchedulerConfig
+    from jumpahead.engine.schedule.scheduler import SchedulerConfig
 
     with pytest.raises(ValueError, match="objective must be one of latency, throughput"):
         SchedulerConfig(objective="fastest")
@@ -413,10 +413,10 @@ def _tiny_mamba(folder, tokenizer_src):
 
 
 def test_recurrent_model_is_untrimmable_and_refused_as_draft(ctx, tmp_path):
-    from jumpahead.engine.default_model import ensure_default_model
-    from jumpahead.engine.draft import DraftModel, DraftModelError
-    from jumpahead.engine.loader import load_model
-    from jumpahead.engine.model_runner import ModelRunner
+    from jumpahead.engine.model.default_model import ensure_default_model
+    from jumpahead.engine.methods.draft_model import DraftModel, DraftModelError
+    from jumpahead.engine.model.loader import load_model
+    from jumpahead.engine.kv.model_runner import ModelRunner
 
     folder = _tiny_mamba(tmp_path / "mamba", ensure_default_model(progress=lambda s: None))
     net, tok, _ = load_model(str(folder), progress=lambda s: None)
@@ -426,7 +426,7 @@ def test_recurrent_model_is_untrimmable_and_refused_as_draft(ctx, tmp_path):
 
 
 def test_draft_with_another_tokenizer_is_refused(ctx, tmp_path):
-    from jumpahead.engine.draft import DraftModel, DraftModelError, ensure_draft_model
+    from jumpahead.engine.methods.draft_model import DraftModel, DraftModelError, ensure_draft_model
 
     src = ensure_draft_model(4, progress=lambda s: None)
     other = tmp_path / "other"
@@ -448,7 +448,7 @@ def test_draft_cache_sync_after_partial_acceptance(ctx):
     """The row's slot in the draft group's cache is rolled back to the committed tokens
     and fed what is missing: after a partial acceptance the next proposal equals a
     fresh proposer's."""
-    from jumpahead.engine.proposal import RowView
+    from jumpahead.engine.methods.proposal import RowView
 
     weak, prompt = ctx["weak"], ctx["prompts"][0]
     group = weak.group

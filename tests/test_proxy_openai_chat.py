@@ -28,7 +28,7 @@ CHAT_FIXTURES = [f for f in FIXTURES if json.loads(f.read_text())["path"].split(
 def tokenizer():
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-    from jumpahead.engine.default_model import ensure_default_model
+    from jumpahead.engine.model.default_model import ensure_default_model
 
     try:
         folder = ensure_default_model(progress=lambda _: None)

@@ -37,7 +37,7 @@ TOOLS = [BASH, WRITE]
 def tokenizer():
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-    from jumpahead.engine.default_model import ensure_default_model
+    from jumpahead.engine.model.default_model import ensure_default_model
 
     try:
         folder = ensure_default_model(progress=lambda _: None)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from jumpahead.engine import ragged
-from jumpahead.engine.width_policy import Acceptance, WidthPolicy, expected_accepted, prior_rate
+from jumpahead.engine.kv import ragged
+from jumpahead.engine.schedule.width_policy import Acceptance, WidthPolicy, expected_accepted, prior_rate
 
 TOL = 1e-3  # logits are O(10); observed differences are 0 (one call) to ~3e-5 (per run)
 
@@ -36,7 +36,7 @@ def _group_cache(runner, prompts):
 
 @pytest.fixture(scope="module")
 def runner(loaded_model):
-    from jumpahead.engine.model_runner import ModelRunner
+    from jumpahead.engine.kv.model_runner import ModelRunner
 
     model, _, _ = loaded_model
     r = ModelRunner(model)
@@ -109,7 +109,7 @@ def _tiny(model_type: str):
 @pytest.mark.parametrize("model_type", ["qwen3", "qwen2", "mistral"])
 @pytest.mark.parametrize("widths", [[9, 1, 9, 1], [17, 1, 1, 1], [1, 5, 1, 1, 3, 1]])
 def test_ragged_equals_padded_on_other_model_classes(model_type, widths):
-    from jumpahead.engine.model_runner import ModelRunner
+    from jumpahead.engine.kv.model_runner import ModelRunner
 
     runner = ModelRunner(_tiny(model_type))
     assert runner.ragged, f"{model_type} must take the ragged path"

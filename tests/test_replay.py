@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
-from jumpahead.engine.proposal import Proposal
+from jumpahead.engine.methods.proposal import Proposal
 from jumpahead.core.exchange import BaseHooks
 from jumpahead.traces.arms import Arm, ArmError, ArmSpec, parse_arm, parse_arms, split_arms
 from jumpahead.traces.replay import ReplayOptions, forced_output, plan_session, replay
@@ -342,7 +342,7 @@ def test_live_replay_serves_the_recorded_turns(tmp_path, tiny_model_dir):
 
 
 def test_drafter_arm_loads_the_shipped_drafter_and_emits_the_record(loaded_model):
-    """`drafter` is a method arm (engine/methods.py): its engine alone loads the drafter
+    """`drafter` is a method arm (engine/methods/registry.py): its engine alone loads the drafter
     shipped for the default model, drafts on the recorded turns and stays exact; the
     ordinary arm's engine has no drafter."""
     doc = replay([small_session()], ReplayOptions(parse_arms("drafter")), loaded_model)
@@ -355,8 +355,8 @@ def test_drafter_arm_loads_the_shipped_drafter_and_emits_the_record(loaded_model
 
 
 def test_drafter_arm_refuses_a_drafter_of_another_model(loaded_model, tmp_path):
-    from jumpahead.engine.drafter import DrafterError, default_drafter_path
-    from jumpahead.engine.methods import MethodError
+    from jumpahead.engine.methods.drafter import DrafterError, default_drafter_path
+    from jumpahead.engine.methods.registry import MethodError
     import shutil
 
     other = tmp_path / "other"

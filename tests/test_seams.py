@@ -1,5 +1,5 @@
 """The seams between layers are typed: what a proposer can do is a declared capability
-(engine/proposal.py) checked with isinstance, `Engine.info` is a `ServedModel`, and no
+(engine/methods/proposal.py) checked with isinstance, `Engine.info` is a `ServedModel`, and no
 data travels by setting attributes on another layer's objects. Read from the source
 (AST), so a new probe by attribute name fails here."""
 
@@ -9,7 +9,7 @@ import ast
 import functools
 from pathlib import Path
 
-from jumpahead.engine.proposal import DraftsInGroup, ObservesHidden, Peeks, ReleasesRow, Wrapper, unwrapped
+from jumpahead.engine.methods.proposal import DraftsInGroup, ObservesHidden, Peeks, ReleasesRow, Wrapper, unwrapped
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("core", "proxy", "policies", "engine", "traces", "live", "bench", "app")
@@ -48,7 +48,7 @@ def test_the_served_model_is_read_as_a_type() -> None:
 
 def test_no_data_is_passed_by_setattr() -> None:
     # fast_ops' stand-ins forward attribute writes to the module they stand in for
-    allowed = {"engine/fast_ops.py"}
+    allowed = {"engine/kv/fast_ops.py"}
     found = [where for where, _ in _calls("setattr") if where.split(":")[0] not in allowed]
     assert not found, found
 
@@ -85,12 +85,12 @@ def test_capabilities_are_declared_and_seen_through_a_wrapper() -> None:
     assert unwrapped(_Wrapped(grouped)) is grouped and unwrapped(grouped) is grouped
     assert isinstance(unwrapped(_Wrapped(grouped)), (DraftsInGroup, ReleasesRow, ObservesHidden))
     assert isinstance(_Echoish(), Peeks) and not isinstance(Lookalike(), (Peeks, DraftsInGroup))
-    from jumpahead.engine.draft import DraftProposer
-    from jumpahead.engine.drafter import DrafterProposer
-    from jumpahead.engine.echo import EchoProposer, NgramProposer
-    from jumpahead.engine.grammar import ConstrainedProposer
-    from jumpahead.engine.mtp import MtpProposer
-    from jumpahead.engine.mtp_group import GroupedMtpProposer
+    from jumpahead.engine.methods.draft_model import DraftProposer
+    from jumpahead.engine.methods.drafter import DrafterProposer
+    from jumpahead.engine.methods.echo import EchoProposer, NgramProposer
+    from jumpahead.engine.strict.grammar import ConstrainedProposer
+    from jumpahead.engine.methods.mtp import MtpProposer
+    from jumpahead.engine.methods.mtp_group import GroupedMtpProposer
     from jumpahead.traces.forcing import TimedProposer
 
     assert issubclass(EchoProposer, Peeks) and not issubclass(NgramProposer, Peeks)

@@ -71,7 +71,7 @@ def test_models_health_metrics_404(base_url, engine):
     health = httpx.get(f"{base_url}/health")
     assert health.status_code == 200 and health.json()["status"] == "ok"
     assert health.json()["model"] == engine.info.name
-    from jumpahead.engine.blas import blas_info
+    from jumpahead.engine.machine.blas import blas_info
 
     blas = health.json()["blas"]  # the BLAS facts: which library, why, threads, what was refused
     assert blas == blas_info() and {"library", "note", "config", "threads", "rejected", "warnings"} <= set(blas)

@@ -14,8 +14,8 @@ import json
 import jsonschema
 import pytest
 
-from jumpahead.engine.grammar import JumpForwardProposer
-from jumpahead.engine.proposal import RowView
+from jumpahead.engine.strict.grammar import JumpForwardProposer
+from jumpahead.engine.methods.proposal import RowView
 from jumpahead.engine.types import EngineError, GenerationRequest, SamplingParams
 from tests.conftest import shared_path
 

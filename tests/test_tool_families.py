@@ -1,4 +1,4 @@
-"""Every tool-call family under grammar (engine/tool_formats/, one module per family).
+"""Every tool-call family under grammar (engine/strict/tool_formats/, one module per family).
 
 Each family is served with its chat template (tests/data/tool_templates/, written after
 the family's published template) on the default model's weights and tokenizer: a model
@@ -53,7 +53,7 @@ END_OF_TURN = {"hermes": "<|im_end|>", "qwen3_coder": "<|im_end|>", "glm": "", "
 
 @pytest.fixture(scope="module")
 def default_folder() -> Path:
-    from jumpahead.engine.default_model import ensure_default_model
+    from jumpahead.engine.model.default_model import ensure_default_model
 
     return Path(ensure_default_model(progress=lambda s: None))
 
@@ -139,7 +139,7 @@ def squash(text: str) -> str:
 
 
 def test_each_template_is_detected_as_its_family(tokenizers):
-    from jumpahead.engine.tool_formats import detect_family
+    from jumpahead.engine.strict.tool_formats import detect_family
 
     for family, tok in tokenizers.items():
         found = detect_family(tok)
@@ -159,7 +159,7 @@ _BOOKS: dict[int, Any] = {}
 def _grammar_accepts(tokenizer: Any, spec: dict, text: str) -> bool:
     import xgrammar as xg
 
-    from jumpahead.engine.grammar import GrammarBook
+    from jumpahead.engine.strict.grammar import GrammarBook
 
     book = _BOOKS.get(id(tokenizer))
     if book is None:
@@ -225,7 +225,7 @@ def test_jumpahead_parsers_on_other_layouts():
 
 
 def test_bad_family_or_count_is_an_engine_error(tokenizers):
-    from jumpahead.engine.grammar import GrammarBook
+    from jumpahead.engine.strict.grammar import GrammarBook
     from jumpahead.engine.types import EngineError
 
     tok = tokenizers["hermes"]
@@ -247,7 +247,7 @@ def test_required_answers_in_the_family_format_over_http(default_folder, tmp_pat
     from openai import OpenAI
 
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
     from jumpahead.traces.recorder import TraceRecorder
     from jumpahead.traces.trace_file import read_trace
     from tests.serving import serve

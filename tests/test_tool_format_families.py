@@ -1,4 +1,4 @@
-"""Every tool-call family's module (engine/tool_formats/<family>.py): writer, partial-call
+"""Every tool-call family's module (engine/strict/tool_formats/<family>.py): writer, partial-call
 reader and completer, tracker scanner, and logical jump-ahead in the family's own format.
 
 Each family is served with its chat template on the default model's weights and
@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 
 import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
-from jumpahead.engine.tool_formats import FAMILIES as TABLE
-from jumpahead.engine.tool_formats import detect_family
+from jumpahead.engine.strict.tool_formats import FAMILIES as TABLE
+from jumpahead.engine.strict.tool_formats import detect_family
 from tests.test_tool_families import (
     CALLS_1,
     CALLS_2,
@@ -267,7 +267,7 @@ class _Force:
         self.tokens = tokens
 
     def propose(self, view: Any, max_len: int) -> Any:
-        from jumpahead.engine.proposal import Proposal
+        from jumpahead.engine.methods.proposal import Proposal
 
         n = len(view.tokens) - view.prompt_len
         return None if n >= len(self.tokens) else Proposal(list(self.tokens[n:]), "scripted")
@@ -294,7 +294,7 @@ def test_jump_end_to_end_in_the_family_format(default_folder, tmp_path, family):
     the template's), then the jump appends the rest: the output is the family's writing of
     the call, the jump tokens are asserted, and the client's call is exactly the stated one."""
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.engine.loader import load_model
+    from jumpahead.engine.model.loader import load_model
     from jumpahead.engine.types import SamplingParams
     from jumpahead.policies.runtime import PolicyHooks
     from jumpahead.core.exchange import Exchange

@@ -429,7 +429,7 @@ def test_compaction_and_recording_upstream(replicas, tokenizer, scratch) -> None
 @pytest.fixture(scope="module")
 def mlx_server(module_scratch) -> Iterator[str]:
     pytest.importorskip("mlx_lm.server")
-    from jumpahead.engine.default_model import ensure_default_model
+    from jumpahead.engine.model.default_model import ensure_default_model
 
     folder = ensure_default_model(progress=lambda s: None)
     port = free_port()

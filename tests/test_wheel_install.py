@@ -72,7 +72,7 @@ def _run(cmd: list, cwd: Path, env: dict[str, str], timeout: float = 300) -> str
 def test_wheel_installs_every_package_and_serves(tmp_path):
     files = _listed_files()
     package_files = _package_files(files)
-    assert "engine/tool_formats/__init__.py" in package_files  # the one issue 38 found missing
+    assert "engine/strict/tool_formats/__init__.py" in package_files  # the one issue 38 found missing
     top_packages = {f.split("/")[0] for f in files if f.count("/") == 1 and f.endswith("/__init__.py")}
     assert top_packages - {"tests"} == set(FOLDERS), "a top-level package folder setup.py does not install"
 

@@ -297,14 +297,14 @@ def load_tokenizer(path: str | None = None) -> Any:
 
     if path is None:
         import jumpahead.engine  # noqa: F401  (loads OpenBLAS before mlx)
-        from jumpahead.engine.default_model import ensure_default_model
+        from jumpahead.engine.model.default_model import ensure_default_model
 
         folder = ensure_default_model(progress=lambda s: None)
     else:
         folder = Path(path).expanduser()
         if not folder.is_dir():  # a named model or a GGUF file: its converted folder
             import jumpahead.engine  # noqa: F401  (loads OpenBLAS before mlx)
-            from jumpahead.engine.loader import KNOWN_MODELS, resolve_model
+            from jumpahead.engine.model.loader import KNOWN_MODELS, resolve_model
 
             if path in KNOWN_MODELS or folder.is_file():
                 folder = Path(resolve_model(path, progress=lambda s: print(s, file=sys.stderr))[0])

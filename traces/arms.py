@@ -1,14 +1,14 @@
 """Replay arms: which proposal methods and policies a replayed turn runs with.
 
 An arm name is one or more parts joined by "+": a method arm from `ARMS`
-(`ordinary`, and each registered method's arms, engine/methods.py: `echo`, `ngram`,
+(`ordinary`, and each registered method's arms, engine/methods/registry.py: `echo`, `ngram`,
 `strict`, `strict-asserted`) or a policy name (a built-in
 from policies/builtin.py or `package.module:Class`), optionally with options
 `NAME:key=value,key=value`. `strict+echo` runs both methods; `oracle-jump` runs the
 policy with no proposal method; `strict+oracle-jump` adds strict fill to it.
 
 Method lists spell out `none` where strict fill must stay off: the engine runs strict
-fill by default (engine/strict.py), so an `echo` arm without `none` would also carry
+fill by default (engine/strict/fill.py), so an `echo` arm without `none` would also carry
 scaffold tokens and its figures would not be echo's alone.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jumpahead.engine.methods import REGISTRY, STRICT, Method, MethodArm
+from jumpahead.engine.methods.registry import REGISTRY, STRICT, Method, MethodArm
 
 if TYPE_CHECKING:
     from jumpahead.engine.interface import Engine
@@ -48,7 +48,7 @@ def method_arm_spec(method: Method, arm: MethodArm) -> ArmSpec:
 
 
 class _Arms(Mapping[str, ArmSpec]):
-    """The method arms, read from the method registry (engine/methods.py) on each use,
+    """The method arms, read from the method registry (engine/methods/registry.py) on each use,
     so a method registered later has its arms: `ordinary` first, then each method's."""
 
     def _all(self) -> dict[str, ArmSpec]:

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jumpahead.engine.engine import Engine
-from jumpahead.engine.proposal import Proposal, RowView, Wrapper
+from jumpahead.engine.methods.proposal import Proposal, RowView, Wrapper
 
 
 class ForcedOutput:

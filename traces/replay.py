@@ -421,7 +421,7 @@ class Replayer:
         for one (a drafter that is not the model's raises DrafterError when loaded)."""
         if "drafter" not in arm.spec.methods:
             return None
-        from jumpahead.engine.drafter import default_drafter_path
+        from jumpahead.engine.methods.drafter import default_drafter_path
 
         return self.options.drafter or str(default_drafter_path())
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# The embedded template's assistant line (engine/default_model.py CHAT_TEMPLATE) and
+# The embedded template's assistant line (engine/model/default_model.py CHAT_TEMPLATE) and
 # its variant that writes the message's reasoning before its content.
 PLAIN = "{{- '<|im_start|>assistant\\n' + content -}}"
 SHOWN = ("{{- '<|im_start|>assistant\\n' -}}{%- if message.reasoning_content -%}"

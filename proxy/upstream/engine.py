@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 import orjson
 
-from jumpahead.engine.proposal import Proposal, RowView
+from jumpahead.engine.methods.proposal import Proposal, RowView
 from jumpahead.engine.types import EngineError, GenerationRequest, ServedModel, Timings, TokenChunk
 
 from jumpahead.core.errors import APIError
