@@ -19,7 +19,7 @@ import pytest
 
 import mlx.core as mx
 
-from jumpahead.engine.methods.drafter import Drafter, DrafterError, DraftGroup, default_drafter_path, read_meta
+from jumpahead.engine.methods.drafter import Drafter, DrafterError, DrafterGroup, default_drafter_path, read_meta
 from jumpahead.engine.types import GenerationRequest, SamplingParams
 from tests.serving import chat_prompt, frozen_width_policy, run_rows
 
@@ -167,7 +167,7 @@ def test_telemetry_adds_up(dengine):
 
 def test_one_batched_chain_drafts_for_every_row(dengine):
     """Grouped drafting: rows of one round share one chain (fewer chains than drafts)."""
-    group: DraftGroup = dengine.method_state("drafter")
+    group: DrafterGroup = dengine.method_state("drafter")
     tok = dengine.tokenizer
     chains, rows = group.chains, group.rows_drafted
     dengine.scheduler.config.objective = "latency"  # every row drafts (no throughput gating)

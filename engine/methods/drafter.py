@@ -10,7 +10,7 @@ token x_{t+2}. Chaining feeds h'_{t+1} and the drafted token back in, k times.
 The layer has no attention and so no cache: a row's whole draft state is one vector
 the target computes anyway, which lives in the group (Row.hidden) and needs no
 rollback after a rejection and no re-prefill on a warm turn. Every row's chain runs in
-one batched forward per step (`DraftGroup`); the target verifies the tokens like any
+one batched forward per step (`DrafterGroup`); the target verifies the tokens like any
 verified proposal, so outputs equal ordinary decoding at any temperature.
 
 The head is trained by `jumpahead train-drafter` (live/train_drafter.py) from the
@@ -166,7 +166,7 @@ def _flatten(tree: Any, prefix: str = "") -> list[tuple[str, mx.array]]:
 # --- serving: one group per engine, one proposer per row ------------------------------
 
 
-class DraftGroup:
+class DrafterGroup:
     """Drafts for every row of a round in one batched chain.
 
     The scheduler calls `start_round` and then `offer(proposer, view)` for each row
@@ -207,12 +207,12 @@ class DraftGroup:
 
 
 class DrafterProposer(AdaptiveLength, DraftsInGroup):
-    """Per-row proposals (verified, kind "drafter") from the shared DraftGroup; the
+    """Per-row proposals (verified, kind "drafter") from the shared DrafterGroup; the
     length adapts to the row's acceptance, and a row the drafter keeps missing rests."""
 
     name = "drafter"
 
-    def __init__(self, group: DraftGroup, k: int = 4, max_k: int = 6) -> None:
+    def __init__(self, group: DrafterGroup, k: int = 4, max_k: int = 6) -> None:
         super().__init__(k, max_k)
         self.round_group = group
 
@@ -296,19 +296,19 @@ def load_drafter(engine: Any, spec: str) -> "Drafter | None":
     return drafter
 
 
-def attach_drafter(engine: Any, drafter: Drafter) -> "DraftGroup":
+def attach_drafter(engine: Any, drafter: Drafter) -> "DrafterGroup":
     """Method "drafter"'s state: rows keep the target's hidden state
-    (ModelRunner.keep_hidden) and draft together in one DraftGroup."""
+    (ModelRunner.keep_hidden) and draft together in one DrafterGroup."""
     runner = engine.runner
     if not runner.split:
         raise DrafterError(f"{runner.model_type}: a drafter reads the trunk's hidden state, and this "
                            "model's head is not a plain projection of it")
     mx.eval(drafter.parameters())  # arrays made lazily elsewhere must exist before the engine thread reads them
     runner.keep_hidden = True
-    return DraftGroup(drafter, runner.trunk.embed_tokens)
+    return DrafterGroup(drafter, runner.trunk.embed_tokens)
 
 
-def drafter_pays(engine: Any, group: "DraftGroup") -> tuple[bool, str]:
+def drafter_pays(engine: Any, group: "DrafterGroup") -> tuple[bool, str]:
     """Whether the drafter's own live A/B on the served model says it pays (`measured_pays`)."""
     return measured_pays(getattr(group.drafter, "measurement", None), engine.info.adapter_digest)
 

@@ -93,7 +93,7 @@ class DraftsInGroup:
     """Drafts in a round group batched over the rows (draft model, drafter, MTP:
     engine/methods/round_group.py); `k` is its current draft length."""
 
-    round_group: Any  # engine/methods/round_group.py RoundGroup (or the drafter's DraftGroup)
+    round_group: Any  # engine/methods/round_group.py RoundGroup (or the drafter's DrafterGroup)
     k: int
 
 
