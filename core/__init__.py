@@ -1,4 +1,4 @@
-"""The protocol-neutral turn: what every protocol adapter, policy and trace shares.
+"""The protocol-neutral turn: what every wire protocol, policy and trace shares.
 
 `Turn` and its messages (core/turn.py), the `Exchange` a turn's hooks see
 (core/exchange.py), prompt rendering (core/prompt.py), the runner that drives an

@@ -1,6 +1,6 @@
 """Readers for request fields: type and range checks that raise a 400 naming the field.
 
-Shared by the protocol adapters (chat completions, messages, responses).
+Shared by the wire protocols (chat completions, messages, responses).
 """
 
 from __future__ import annotations

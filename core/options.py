@@ -1,6 +1,6 @@
 """The per-request `jumpahead` object: one type, one parser, one schema.
 
-Every protocol adapter passes the body's `jumpahead` value to `parse_options`, which
+Every wire protocol passes the body's `jumpahead` value to `parse_options`, which
 answers a malformed object with a 400 naming the field, and carries the result on the
 `Turn` (`Turn.options`). Nothing else reads the raw object. The OpenAPI description
 (proxy/openapi.py) publishes `options_schema()`, generated from the fields below, so the

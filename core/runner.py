@@ -1,6 +1,6 @@
 """Run a Turn on the engine: render the prompt, stream tokens, parse them into events.
 
-Every protocol adapter goes through here, so the three protocols share one path from
+Every wire protocol goes through here, so the three protocols share one path from
 Turn to OutputEvents.
 """
 

@@ -5,7 +5,7 @@ calls. Each chat, messages or responses request consumes the next turn. The turn
 rendered into the model's own output format (reasoning between the think markers,
 tool calls as the chat template writes them), tokenized, ended with the EOS token, and
 appended through the real model as asserted `scripted` tokens. The real output parser
-and the real adapters turn those tokens into the protocol's answer, so an agent runs
+and the real wire protocols turn those tokens into the protocol's answer, so an agent runs
 end to end on a model too small to act, and every token carries its provenance.
 
 File format (JSONL: one turn per line; or one JSON document, a list of turns or

@@ -1,6 +1,6 @@
-"""The one internal form of a chat turn, shared by every protocol adapter.
+"""The one internal form of a chat turn, shared by every wire protocol.
 
-An adapter (OpenAI chat, Anthropic messages, OpenAI responses) translates its request
+A wire protocol (OpenAI chat, Anthropic messages, OpenAI responses) translates its request
 into a `Turn` and maps the `OutputEvent`s (or the collected `TurnOutput`) of the model's
 answer back onto its wire format. Nothing here knows a protocol or a tensor.
 """
@@ -66,7 +66,7 @@ class ToolCall:
 class Message:
     """A message in normalized chat form: content is plain text (or None).
 
-    The one conversation model: a request's messages (the adapters translate into it) and
+    The one conversation model: a request's messages (the wire protocols translate into it) and
     an imported session's messages (traces/session.py) alike. The last three fields are
     a recorded message's provenance; the turn pipeline neither sets nor reads them."""
 
@@ -156,7 +156,7 @@ class Turn:
     # Logprobs of the content tokens (core/logprobs.py): None = not asked; N = with
     # the N most likely alternatives per token.
     logprobs: int | None = None
-    # The request's `jumpahead` object (core/options.py), parsed once by the adapter.
+    # The request's `jumpahead` object (core/options.py), parsed once by the wire protocol.
     options: RequestOptions = field(default_factory=RequestOptions)
     response_format: ResponseFormat | None = None  # a JSON answer asked for
     # The protocol's parallel-calls switch (chat `parallel_tool_calls`, Anthropic
@@ -179,14 +179,14 @@ class Turn:
 
 @dataclass
 class TurnReport:
-    """What jumpahead did to a turn besides generating it, for the client: the adapters
+    """What jumpahead did to a turn besides generating it, for the client: the wire protocols
     send it as `usage.report`, beside the engine's own telemetry `usage.fill`."""
 
     # The policy runtime's report (policies/runtime.py): active policies, their hook
     # and watch time, errors, and the interventions with what each supplied.
     policies: dict[str, Any] | None = None
     # The Anthropic context edits the policy runtime applied (policies/context_edits.py);
-    # the Messages adapter answers `context_management.applied_edits` from it.
+    # the Messages protocol answers `context_management.applied_edits` from it.
     context_edits: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any] | None:

@@ -9,7 +9,7 @@ cache keeps hitting. `clear_at_least` is the StickyRewrite trigger of the same n
 tokens a new clear must remove); no re-prefill horizon applies (the client asked for
 the clearing). Each policy leaves `applied` (the API's applied-edit entry plus the
 cleared message indices) after `on_request`; the runtime puts the request's report in
-`usage.report.context_edits`, from which the adapter answers `applied_edits`.
+`usage.report.context_edits`, from which the Messages protocol answers `applied_edits`.
 
 Also built-ins for any protocol: `--policy clear-tool-uses:trigger=30000,keep=3` and
 `clear-thinking:keep=1`.

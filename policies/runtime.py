@@ -331,7 +331,7 @@ class PolicyHooks:
         exchange.notes["policies"] = report
         out.usage.report.policies = {**report, "interventions": list(run.interventions)}
         if run.context_edits is not None:
-            out.usage.report.context_edits = run.context_edits  # the adapter answers applied_edits from it
+            out.usage.report.context_edits = run.context_edits  # the Messages protocol answers applied_edits from it
         self._count(run, report)
 
     # --- reports -------------------------------------------------------------------------

@@ -19,7 +19,6 @@ import orjson
 from jumpahead.engine.types import SamplingParams
 
 from . import sse
-from .adapter import AdapterContext
 from jumpahead.core.content import content_texts
 from jumpahead.core.context_edits import applied_edits, parse_context_management
 from jumpahead.core.errors import anthropic_error_body, invalid_request
@@ -45,6 +44,7 @@ from jumpahead.core.turn import (
     TurnOutput,
     Usage,
 )
+from .wire import WireContext
 
 _SEED_MASK = (1 << 63) - 1
 NO_VISION = "this model reads text only; image and PDF blocks cannot be served"
@@ -549,12 +549,12 @@ class _MessagesWire:
         return []
 
 
-class MessagesAdapter:
-    """/v1/messages (proxy/adapter.py Adapter)."""
+class MessagesProtocol:
+    """/v1/messages (proxy/wire.py WireProtocol)."""
 
     protocol = "messages"
 
-    def __init__(self, ctx: AdapterContext) -> None:
+    def __init__(self, ctx: WireContext) -> None:
         self.ctx = ctx
         self._id: str | None = None
 

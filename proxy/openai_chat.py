@@ -17,7 +17,6 @@ import orjson
 from jumpahead.engine.types import SamplingParams
 
 from . import sse
-from .adapter import AdapterContext
 from jumpahead.core.content import content_texts
 from jumpahead.core.errors import error_body, invalid_request
 from jumpahead.core.fields import boolean, integer, number, obj
@@ -41,6 +40,7 @@ from jumpahead.core.turn import (
     Usage,
     new_tool_call_id,
 )
+from .wire import WireContext
 
 IMAGE_PLACEHOLDER = "[image omitted: this model reads text only]"
 _TEXT_PARTS = ("text", "input_text", "output_text")
@@ -455,12 +455,12 @@ class _ChatWire:
         return [sse.DONE]
 
 
-class ChatAdapter:
-    """/v1/chat/completions (proxy/adapter.py Adapter)."""
+class ChatProtocol:
+    """/v1/chat/completions (proxy/wire.py WireProtocol)."""
 
     protocol = "chat"
 
-    def __init__(self, ctx: AdapterContext) -> None:
+    def __init__(self, ctx: WireContext) -> None:
         self.ctx = ctx
         self.turn: Turn | None = None
         self._id: str | None = None

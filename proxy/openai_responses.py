@@ -20,7 +20,6 @@ import orjson
 
 from jumpahead.engine.types import SamplingParams
 
-from .adapter import AdapterContext
 from .compaction_item import compact_threshold, open_item
 from jumpahead.core.errors import APIError, invalid_request
 from jumpahead.core.fields import boolean, integer, number, obj
@@ -31,6 +30,7 @@ from .sse import KEEPALIVE
 from .signing import Signer, default_signer
 from jumpahead.core.options import parse_options
 from jumpahead.core.turn import Message, ResponseFormat, Tool, ToolCall, ToolChoice, Turn, TurnOutput, Usage
+from .wire import WireContext
 
 _SEED_MASK = (1 << 63) - 1
 CUSTOM_INPUT_SCHEMA = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
@@ -500,12 +500,12 @@ class _ResponsesWire:
         return []
 
 
-class ResponsesAdapter:
-    """/v1/responses (proxy/adapter.py Adapter)."""
+class ResponsesProtocol:
+    """/v1/responses (proxy/wire.py WireProtocol)."""
 
     protocol = "responses"
 
-    def __init__(self, ctx: AdapterContext) -> None:
+    def __init__(self, ctx: WireContext) -> None:
         self.server = ctx
         self.ctx: ResponsesContext | None = None
         self._id: tuple[str, int] | None = None

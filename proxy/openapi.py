@@ -1,10 +1,10 @@
 """The OpenAPI 3.1 description the server publishes at /openapi.json.
 
 Request bodies are described loosely but truthfully: only the required fields, types
-and ranges the protocol adapters (openai_chat, anthropic_messages, openai_responses)
+and ranges the wire protocols (openai_chat, anthropic_messages, openai_responses)
 enforce, so a body the schema rejects is one the server answers with a 4xx, and the
 fuzz tests (tests/test_fuzz_endpoints.py) can hold the server to it. Unknown fields are
-allowed everywhere, as the adapters tolerate them; an optional field set to null
+allowed everywhere, as the wire protocols tolerate them; an optional field set to null
 counts as absent.
 """
 
@@ -28,7 +28,7 @@ def _one_of(*schemas: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": list(schemas)}
 
 
-_JUMPAHEAD = options_schema()  # generated from the type the adapters parse (core/options.py)
+_JUMPAHEAD = options_schema()  # generated from the type the wire protocols parse (core/options.py)
 
 
 def _messages_request(roles: list[str], message: dict[str, Any], **properties: Any) -> dict[str, Any]:

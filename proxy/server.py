@@ -2,8 +2,8 @@
 
 `create_app(engine)` builds the Starlette app; `jumpahead serve` runs it with uvicorn.
 Three protocols share one path and one handler, `generation_handler`, driven by each
-protocol's Adapter (proxy/adapter.py; adapter -> Turn -> runner -> OutputEvents ->
-adapter): OpenAI chat completions, Anthropic messages, OpenAI responses. Every answer is JSON
+protocol's WireProtocol (proxy/wire.py; body -> Turn -> runner -> OutputEvents ->
+body or stream): OpenAI chat completions, Anthropic messages, OpenAI responses. Every answer is JSON
 (or SSE for streams); bad input is a 4xx in the protocol's error shape, and no
 request can stop the server. With a Script (`serve --script`), each generation
 request consumes the script's next turn.
@@ -31,15 +31,14 @@ from jumpahead.engine.interface import Engine
 
 from . import sse
 from .access import AccessConfig, access_middleware
-from .adapter import AdapterContext, AdapterFactory, WireStream
-from .anthropic_messages import MessagesAdapter, parse_messages_request
+from .anthropic_messages import MessagesProtocol, parse_messages_request
 from .body_limit import DEFAULT_MAX_BODY_BYTES, MAX_JSON_DEPTH, BodyLimitMiddleware, too_deep
 from .dashboard import DashboardFeed, dashboard_routes
 from jumpahead.core.errors import APIError, invalid_request, not_found, server_error
 from jumpahead.core.exchange import Exchange
-from .openai_chat import ChatAdapter
+from .openai_chat import ChatProtocol
 from .openapi import openapi_document
-from .openai_responses import ResponsesAdapter
+from .openai_responses import ResponsesProtocol
 from jumpahead.core.prompt import render_prompt
 from .response_store import ResponseStore
 from .responses_compact import compact_response
@@ -49,6 +48,7 @@ from .prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from .prometheus import prometheus_text
 from .signing import Signer, default_signer
 from jumpahead.core.turn import TurnOutput
+from .wire import ProtocolFactory, WireContext, WireStream
 from .wire_errors import error_body_for
 
 log = logging.getLogger("jumpahead.proxy")
@@ -146,28 +146,28 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
 # --- generation: /v1/chat/completions, /v1/messages, /v1/responses ----------------------
 
 
-def _adapter_context(request: Request) -> AdapterContext:
+def _wire_context(request: Request) -> WireContext:
     state = request.app.state
-    return AdapterContext(engine=state.engine, stats=state.stats, signer=state.signer, responses=state.responses)
+    return WireContext(engine=state.engine, stats=state.stats, signer=state.signer, responses=state.responses)
 
 
-def generation_handler(make_adapter: AdapterFactory, name: str) -> Callable[[Request], Awaitable[Response]]:
-    """The route handler of one generation protocol (proxy/adapter.py): body -> Turn ->
+def generation_handler(make_protocol: ProtocolFactory, name: str) -> Callable[[Request], Awaitable[Response]]:
+    """The route handler of one generation protocol (proxy/wire.py): body -> Turn ->
     the turn pipeline -> the protocol's JSON answer or SSE stream."""
 
     async def handle(request: Request) -> Response:
         engine = _engine(request)
-        adapter = make_adapter(_adapter_context(request))
+        wire = make_protocol(_wire_context(request))
         body = await read_json(request)
-        turn = await adapter.parse(body)
-        prepared = await _prepare(request, adapter.protocol, body, turn)
+        turn = await wire.parse(body)
+        prepared = await _prepare(request, wire.protocol, body, turn)
         model = turn.model or _model_name(engine)
         if turn.stream:
-            return sse.response(_sse(engine, prepared, adapter.stream(prepared, model), _stats(request)))
+            return sse.response(_sse(engine, prepared, wire.stream(prepared, model), _stats(request)))
         out = await _complete(request, engine, prepared)
         if out is None:
             return Response(status_code=499)  # nobody reads it
-        return JSONResponse(adapter.body(out, model))
+        return JSONResponse(wire.body(out, model))
 
     handle.__name__ = handle.__qualname__ = name  # the route's name
     return handle
@@ -214,9 +214,9 @@ async def _complete(request: Request, engine: Engine, prepared: PreparedTurn) ->
     return out
 
 
-chat_completions = generation_handler(ChatAdapter, "chat_completions")
-messages = generation_handler(MessagesAdapter, "messages")
-responses = generation_handler(ResponsesAdapter, "responses")
+chat_completions = generation_handler(ChatProtocol, "chat_completions")
+messages = generation_handler(MessagesProtocol, "messages")
+responses = generation_handler(ResponsesProtocol, "responses")
 
 
 async def count_tokens(request: Request) -> Response:

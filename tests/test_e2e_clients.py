@@ -5,7 +5,7 @@ server whose script makes the agent create hello.txt through its own tool and th
 finish, and run with a scratch HOME. The test checks the file on disk and that the
 client consumed exactly the scripted turns. The default model is too small to act;
 the script supplies its answers, which still run through the real model, the real
-output parser and the real protocol adapters (docs/design.md, Protocols; CLIENTS.md).
+output parser and the real wire protocols (docs/design.md, Protocols; CLIENTS.md).
 
 Claude Code, pi (openai-completions, anthropic-messages, openai-responses) and
 mini-swe-agent run against an in-process server; aider runs against a real

@@ -1,5 +1,5 @@
-"""The typed interfaces: the Engine protocol (engine/interface.py), the HTTP Adapter
-protocol (proxy/adapter.py), and the names a policy author imports from
+"""The typed interfaces: the Engine protocol (engine/interface.py), the HTTP
+WireProtocol (proxy/wire.py), and the names a policy author imports from
 `jumpahead.policies`."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import sys
 from collections import Counter
 
 from jumpahead.engine.interface import Engine, LocalEngine
-from jumpahead.proxy.adapter import Adapter, AdapterContext, WireStream
-from jumpahead.proxy.anthropic_messages import MessagesAdapter
-from jumpahead.proxy.openai_chat import ChatAdapter
-from jumpahead.proxy.openai_responses import ResponsesAdapter
+from jumpahead.proxy.wire import WireProtocol, WireContext, WireStream
+from jumpahead.proxy.anthropic_messages import MessagesProtocol
+from jumpahead.proxy.openai_chat import ChatProtocol
+from jumpahead.proxy.openai_responses import ResponsesProtocol
 from jumpahead.proxy.response_store import ResponseStore
 from jumpahead.proxy.server import create_app
 from jumpahead.proxy.signing import default_signer
@@ -27,13 +27,13 @@ def test_both_engines_are_engines(engine) -> None:
     upstream.close()
 
 
-def test_the_three_protocols_are_adapters(engine) -> None:
-    ctx = AdapterContext(engine, Counter(), default_signer(), ResponseStore())
-    adapters = [ChatAdapter(ctx), MessagesAdapter(ctx), ResponsesAdapter(ctx)]
-    assert all(isinstance(a, Adapter) for a in adapters)
-    assert [a.protocol for a in adapters] == ["chat", "messages", "responses"]
+def test_the_three_protocols_are_wire_protocols(engine) -> None:
+    ctx = WireContext(engine, Counter(), default_signer(), ResponseStore())
+    protocols = [ChatProtocol(ctx), MessagesProtocol(ctx), ResponsesProtocol(ctx)]
+    assert all(isinstance(p, WireProtocol) for p in protocols)
+    assert [p.protocol for p in protocols] == ["chat", "messages", "responses"]
     # a parsed chat request streams through a WireStream
-    chat = ChatAdapter(ctx)
+    chat = ChatProtocol(ctx)
     asyncio.run(chat.parse({"messages": [{"role": "user", "content": "hi"}], "stream": True}))
     assert isinstance(chat.stream(None, "m"), WireStream)
     # every generation route runs the one generic handler, under its old name

@@ -1,5 +1,5 @@
 """The per-request `jumpahead` object is one typed contract (core/options.py): one parser
-every adapter calls, the published OpenAPI schema generated from the same type, and no
+every wire protocol calls, the published OpenAPI schema generated from the same type, and no
 other module reading the raw object."""
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def test_the_published_schema_is_the_type() -> None:
     assert not validator.is_valid({"method": ["echo"]}) and not validator.is_valid(["echo"])
 
 
-def test_every_adapter_carries_the_options_on_the_turn() -> None:
+def test_every_wire_protocol_carries_the_options_on_the_turn() -> None:
     user = [{"role": "user", "content": "hi"}]
     turns = [parse_chat_request({"messages": user, "jumpahead": EVERY}),
              parse_messages_request({"messages": user, "max_tokens": 5, "jumpahead": EVERY}),
@@ -138,10 +138,10 @@ def test_no_module_reads_the_raw_object_but_the_parser() -> None:
                 key = node.slice.value
             if key == "jumpahead" and path.relative_to(ROOT).as_posix() not in ("core/options.py",):
                 reads.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    # the three adapters hand the body's value to the parser: body.get("jumpahead") there
-    adapters = {"proxy/openai_chat.py", "proxy/anthropic_messages.py", "proxy/openai_responses.py"}
-    assert {r.split(":")[0] for r in reads} <= adapters, reads
-    for path in adapters:
+    # the three wire protocols hand the body's value to the parser: body.get("jumpahead") there
+    protocols = {"proxy/openai_chat.py", "proxy/anthropic_messages.py", "proxy/openai_responses.py"}
+    assert {r.split(":")[0] for r in reads} <= protocols, reads
+    for path in protocols:
         assert 'parse_options(body.get("jumpahead"))' in (ROOT / path).read_text(), path
 
 

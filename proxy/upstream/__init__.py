@@ -2,7 +2,7 @@
 
 `jumpahead serve --upstream URL [--upstream URL ...]` swaps the in-process engine for
 `UpstreamEngine` (engine.py), which speaks the engine's interface to the server, so the
-protocol adapters, output parser, policies and recorder run unchanged:
+wire protocols, output parser, policies and recorder run unchanged:
 
 - translate.py: a Turn as a chat-completions body; the upstream's deltas as text in the
   model's own output format (reasoning, `<tool_call>` blocks) for the proxy's parser;

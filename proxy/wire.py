@@ -1,15 +1,15 @@
-"""What an HTTP protocol adapter is: the interface proxy/server.py drives.
+"""What an HTTP wire protocol is: the interface proxy/server.py drives.
 
 One generic handler (proxy/server.py `generation_handler`) serves every generation
-protocol: read the JSON body, `adapter.parse` it into a Turn, run the turn pipeline
-(prepare_turn -> the engine -> OutputEvents), and hand the result back to the adapter:
-`adapter.body(out)` for a plain answer, `adapter.stream(prepared)` for SSE. The three
-adapters are `ChatAdapter` (proxy/openai_chat.py), `MessagesAdapter`
-(proxy/anthropic_messages.py) and `ResponsesAdapter` (proxy/openai_responses.py).
+protocol: read the JSON body, `wire.parse` it into a Turn, run the turn pipeline
+(prepare_turn -> the engine -> OutputEvents), and hand the result back to the protocol:
+`wire.body(out)` for a plain answer, `wire.stream(prepared)` for SSE. The three wire
+protocols are `ChatProtocol` (proxy/openai_chat.py), `MessagesProtocol`
+(proxy/anthropic_messages.py) and `ResponsesProtocol` (proxy/openai_responses.py).
 
-An adapter object serves one request (it keeps what the request's parse found, such
-as the Responses context); a route holds its factory, `AdapterFactory`, called with the
-request's `AdapterContext`. A new protocol is an adapter module and one route line.
+A protocol object serves one request (it keeps what the request's parse found, such
+as the Responses context); a route holds its factory, `ProtocolFactory`, called with the
+request's `WireContext`. A new protocol is a module with a `WireProtocol` and one route line.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class AdapterContext:
-    """What the server hands an adapter for one request."""
+class WireContext:
+    """What the server hands a wire protocol for one request."""
 
     engine: "Engine"
     stats: Counter[str]  # the server's counters (/metrics `server`)
@@ -65,7 +65,7 @@ class WireStream(Protocol):
 
 
 @runtime_checkable
-class Adapter(Protocol):
+class WireProtocol(Protocol):
     """One generation protocol for one request: body -> Turn, answer -> body or stream."""
 
     protocol: str  # the Exchange's protocol ("chat", "messages", "responses")
@@ -83,4 +83,4 @@ class Adapter(Protocol):
         ...
 
 
-AdapterFactory = Callable[[AdapterContext], Adapter]
+ProtocolFactory = Callable[[WireContext], WireProtocol]
