@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
 
     import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
-    from jumpahead.core.output import emit
+    from jumpahead.bench.output import emit
     from jumpahead.engine.model.loader import load_model
 
     from jumpahead.traces.progress import Progress

@@ -1,7 +1,7 @@
 """jumpahead.bench: the `jumpahead bench KIND` benchmarks, apart from the server's code.
 
 command.py dispatches `jumpahead bench KIND [ARGS]` to the module of KIND (its
-`main(argv)`); core/output.py prints a result as JSON and fails on outputs that differ.
+`main(argv)`); bench/output.py prints a result as JSON and fails on outputs that differ.
 Engine: decode.py (with context.py), fill.py (with echo.py), cache.py, attention.py.
 Server: load.py, disconnect.py, crash.py (clients.py; the server process is live/server_process.py), proxy.py
 (upstream mode), thinking_cache.py. Traces: forecast.py.

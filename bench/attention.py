@@ -111,7 +111,7 @@ def run(model_name: str | None, contexts: list[int], decode: int, repeats: int) 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from jumpahead.core.output import emit
+    from jumpahead.bench.output import emit
 
     from .decode import parse_contexts
 

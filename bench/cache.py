@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.ssd_child:
         return ssd_child(args.ssd_child)
-    from jumpahead.core.output import emit
+    from jumpahead.bench.output import emit
 
     if args.restarts < 1:
         ap.error("--restarts must be at least 1")

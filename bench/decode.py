@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                          "full precision")
     ap.add_argument("--out", default=None, help="also write the JSON result to this file")
     args = ap.parse_args(argv)
-    from jumpahead.core.output import emit
+    from jumpahead.bench.output import emit
 
     if args.contexts is None:
         return emit(run(args.model, args.tokens or 64, args.repeats or 3, args.batch), args.out)

@@ -36,7 +36,7 @@ from typing import Any
 import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 
-from jumpahead.core.output import emit
+from jumpahead.bench.output import emit
 from jumpahead.bench.echo import COPY_TASKS, _rows, _summary, chat_prompt
 from jumpahead.engine.methods.registry import MethodError
 from jumpahead.engine.methods.drafter import default_drafter_path, read_meta

@@ -360,7 +360,7 @@ def run(model_name: str | None = None, tokens: int = 96, repeats: int = 3, only:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from jumpahead.core.output import emit
+    from jumpahead.bench.output import emit
 
     p = argparse.ArgumentParser(prog="python -m jumpahead.bench.echo", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None)

@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from jumpahead.engine.model.default_model import ensure_default_model
 
-    from jumpahead.core.output import emit
+    from jumpahead.bench.output import emit
 
     ap = argparse.ArgumentParser(prog="jumpahead bench family-model", description=main.__doc__.split("\n")[0])
     ap.add_argument("family", choices=[*FAMILIES, HYBRID],

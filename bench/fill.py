@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     from jumpahead.engine.methods.registry import parse_methods
 
     from . import echo
-    from jumpahead.core.output import emit
+    from jumpahead.bench.output import emit
 
     parser = argparse.ArgumentParser(prog="jumpahead bench fill", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None)

@@ -216,7 +216,7 @@ def run(model: str | None = None, batches: int = 3, repeats: int = 2, context: i
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from jumpahead.core.output import emit
+    from jumpahead.bench.output import emit
 
     p = argparse.ArgumentParser(prog="jumpahead bench forecast", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None)

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
-    from jumpahead.core.output import emit
+    from jumpahead.bench.output import emit
 
     p = argparse.ArgumentParser(prog="jumpahead bench kv", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="mlx-lm folder, GGUF file or gemma3-270m (default: the embedded default)")

@@ -719,7 +719,7 @@ def main(argv: list[str] | None = None) -> int:
     contexts = parse_contexts(ap, args.contexts)
     if args.steps < 1 or args.repeats < 1 or args.matrices < 1 or args.stream_mb < 1:
         ap.error("--steps, --repeats, --matrices and --stream-mb must be positive")
-    from jumpahead.core.output import emit
+    from jumpahead.bench.output import emit
 
     return emit(run(args.model, rows, contexts, args.steps, args.repeats, args.stream_mb, args.matrices,
                     args.tokens), args.out)

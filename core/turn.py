@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Literal, Union
 
 import orjson
 
@@ -139,6 +139,38 @@ class ResponseFormat:
         return {"type": "json_schema", "json_schema": {"name": self.name, "schema": self.schema, "strict": self.strict}}
 
 
+# Context edits: a request's asks to clear old context before the prompt is rendered,
+# applied by the policy runtime as sticky rewrites (policies/context_edits.py). Their wire
+# form is Anthropic's `context_management` (proxy/anthropic_context.py parses it); `kind`
+# names an edit in the report the runtime leaves in `usage.report.context_edits`.
+CLEAR_TOOL_USES = "clear_tool_uses_20250919"
+CLEAR_THINKING = "clear_thinking_20251015"
+
+
+@dataclass(frozen=True)
+class ClearToolUsesEdit:
+    """Old tool results become a placeholder once the prompt passes `trigger`."""
+
+    kind: ClassVar[str] = CLEAR_TOOL_USES
+    trigger: int = 100_000
+    trigger_unit: Literal["input_tokens", "tool_uses"] = "input_tokens"
+    keep: int = 3  # the newest tool uses left as they are
+    clear_at_least: int = 0  # input tokens a new clear must remove
+    exclude_tools: tuple[str, ...] = ()  # tools whose uses are never cleared
+    clear_tool_inputs: bool | tuple[str, ...] = False  # the calls' inputs too (all, or these tools')
+
+
+@dataclass(frozen=True)
+class ClearThinkingEdit:
+    """The reasoning of all but the last `keep` thinking turns is dropped."""
+
+    kind: ClassVar[str] = CLEAR_THINKING
+    keep: int | Literal["all"] = 1
+
+
+ContextEditSpec = Union[ClearToolUsesEdit, ClearThinkingEdit]
+
+
 @dataclass
 class Turn:
     """One request for the model's next assistant message."""
@@ -165,9 +197,9 @@ class Turn:
     # The answer continues the last assistant message (Anthropic prefill, chat
     # `continue_final_message`) instead of starting a new one.
     continue_final: bool = False
-    # Anthropic `context_management` edits with their defaults filled in
-    # (core/context_edits.py), applied by the policy runtime; None: not asked.
-    context_edits: list[dict[str, Any]] | None = None
+    # Context edits asked for (Anthropic `context_management`, parsed by
+    # proxy/anthropic_context.py), applied by the policy runtime; None: not asked.
+    context_edits: list[ContextEditSpec] | None = None
     # Protocol fields passed through for traces, policies and an upstream engine
     # (reasoning_effort, metadata, ...); nothing here drives behaviour.
     extra: dict[str, Any] = field(default_factory=dict)
@@ -185,7 +217,7 @@ class TurnReport:
     # The policy runtime's report (policies/runtime.py): active policies, their hook
     # and watch time, errors, and the interventions with what each supplied.
     policies: dict[str, Any] | None = None
-    # The Anthropic context edits the policy runtime applied (policies/context_edits.py);
+    # The context edits the policy runtime applied (policies/context_edits.py);
     # the Messages protocol answers `context_management.applied_edits` from it.
     context_edits: dict[str, Any] | None = None
 

@@ -326,7 +326,7 @@ class Run:
     def run_job(self, index: int, seed: int, arm: Any) -> dict[str, Any]:
         from openai import OpenAI
 
-        from jumpahead.core.session_identity import safe_file_stem
+        from jumpahead.traces.file_names import safe_file_stem
 
         from .agent import run_task
 

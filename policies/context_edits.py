@@ -1,5 +1,5 @@
 """Anthropic context editing as sticky rewrites: `clear_tool_uses_20250919` and
-`clear_thinking_20251015` (core/context_edits.py parses the request's edits).
+`clear_thinking_20251015` (the request's edits, typed in core/turn.py: `Turn.context_edits`).
 
 The API applies these edits server-side, statelessly, on every request. Here they are
 StickyRewrite policies (policies/sticky.py): a tool use cleared at turn n is replayed
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from jumpahead.core.context_edits import CLEAR_THINKING, CLEAR_TOOL_USES
+from jumpahead.core.turn import CLEAR_THINKING, CLEAR_TOOL_USES, ClearThinkingEdit, ClearToolUsesEdit, ContextEditSpec
 
 from .api import RequestContext
 from .registry import PolicySpec
@@ -193,24 +193,23 @@ class ClearThinking(ContextEdit):
         return original.role == "assistant" and bool(original.reasoning) and not now.reasoning
 
 
-def edit_specs(edits: list[dict[str, Any]]) -> list[PolicySpec]:
-    """The policies that apply the request's parsed edits (core/context_edits.py), in order."""
+def edit_specs(edits: list[ContextEditSpec]) -> list[PolicySpec]:
+    """The policies that apply the request's edits (`Turn.context_edits`), in order."""
     specs = []
     for edit in edits:
-        if edit.get("type") == CLEAR_TOOL_USES:
-            trigger = edit["trigger"]
-            options = {"keep": str(edit["keep"]), "clear_at_least": str(edit["clear_at_least"]),
-                       "exclude_tools": orjson.dumps(edit["exclude_tools"]).decode()}
-            if trigger["type"] == "tool_uses":
-                options["trigger_tool_uses"] = str(trigger["value"])
+        if isinstance(edit, ClearToolUsesEdit):
+            options = {"keep": str(edit.keep), "clear_at_least": str(edit.clear_at_least),
+                       "exclude_tools": orjson.dumps(list(edit.exclude_tools)).decode()}
+            if edit.trigger_unit == "tool_uses":
+                options["trigger_tool_uses"] = str(edit.trigger)
             else:
-                options["trigger"] = str(trigger["value"])
-            inputs = edit["clear_tool_inputs"]
+                options["trigger"] = str(edit.trigger)
+            inputs = edit.clear_tool_inputs
             options["clear_tool_inputs"] = ("true" if inputs else "false") if isinstance(inputs, bool) \
-                else orjson.dumps(inputs).decode()
+                else orjson.dumps(list(inputs)).decode()
             specs.append(PolicySpec("clear-tool-uses", BUILTIN["clear-tool-uses"], options))
-        elif edit.get("type") == CLEAR_THINKING:
-            specs.append(PolicySpec("clear-thinking", BUILTIN["clear-thinking"], {"keep": str(edit["keep"])}))
+        elif isinstance(edit, ClearThinkingEdit):
+            specs.append(PolicySpec("clear-thinking", BUILTIN["clear-thinking"], {"keep": str(edit.keep)}))
     return specs
 
 

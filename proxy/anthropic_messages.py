@@ -4,7 +4,7 @@ Lenient where real clients are loose (a `system` role inside `messages`,
 `cache_control` anywhere, `output_config`, `thinking`, `eager_input_streaming`, unknown
 fields and server tools are ignored), strict where the answer would change (types and
 ranges of sampling fields, roles, tool names, `context_management` edits: applied by
-the policy runtime, core/context_edits.py). Model reasoning becomes thinking blocks;
+the policy runtime, proxy/anthropic_context.py). Model reasoning becomes thinking blocks;
 tool calls become tool_use blocks.
 """
 
@@ -19,8 +19,8 @@ import orjson
 from jumpahead.engine.types import SamplingParams
 
 from . import sse
+from .anthropic_context import applied_edits, parse_context_management
 from jumpahead.core.content import content_texts
-from jumpahead.core.context_edits import applied_edits, parse_context_management
 from jumpahead.core.errors import anthropic_error_body, invalid_request
 from jumpahead.core.fields import boolean, integer, number, obj
 from .signing import Signer, default_signer
@@ -399,7 +399,7 @@ def message_object(out: TurnOutput, *, id: str, model: str, signer: Signer | Non
         "stop_sequence": out.stop_sequence,
         "usage": usage_json(out.usage),
     }
-    context_management = applied_edits(out.usage)  # the request's context edits (core/context_edits.py)
+    context_management = applied_edits(out.usage)  # the request's context edits (proxy/anthropic_context.py)
     if context_management is not None:
         message["context_management"] = context_management
     return message

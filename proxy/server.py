@@ -83,7 +83,7 @@ def _script(request: Request) -> Script | None:
 
 def _exchange(request: Request, protocol: str, body: Any, turn: Any) -> Exchange:
     """The exchange record the hooks (policies, recorder) see; headers keep their case."""
-    from jumpahead.core.session_identity import session_id
+    from .session_identity import session_id
 
     headers = dict(request.headers.items())
     body = body if isinstance(body, dict) else {}

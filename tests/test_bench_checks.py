@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jumpahead.core.output import emit, mismatches
+from jumpahead.bench.output import emit, mismatches
 from jumpahead.live.adapter import resolve_adapter
 
 from .conftest import shared_path

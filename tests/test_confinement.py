@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jumpahead.core.session_identity import safe_file_stem
+from jumpahead.traces.file_names import safe_file_stem
 
 from .serving import serve
 

@@ -1,5 +1,5 @@
-"""Anthropic `context_management` on the real server (core/context_edits.py parses the
-edits, policies/context_edits.py applies them as sticky rewrites).
+"""Anthropic `context_management` on the real server (proxy/anthropic_context.py parses the
+edits into core/turn.py's typed ones, policies/context_edits.py applies them as sticky rewrites).
 
 Checked: Claude Code's captured request gets `context_management.applied_edits` in the
 stream's final message_delta; a thinking-clearing variant of it reports the cleared
@@ -23,10 +23,11 @@ import pytest
 import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
 from jumpahead.policies.runtime import PolicyHooks
 from jumpahead.proxy.anthropic_messages import parse_messages_request
-from jumpahead.core.context_edits import parse_context_management
 from jumpahead.core.errors import APIError
 from jumpahead.core.prompt import render_prompt
 from jumpahead.core.script import Script, ScriptTurn
+from jumpahead.core.turn import ClearThinkingEdit, ClearToolUsesEdit
+from jumpahead.proxy.anthropic_context import parse_context_management
 from jumpahead.proxy.signing import Signer
 
 from .conftest import shared_path
@@ -66,19 +67,20 @@ def scripted_server(engine: Any, signer: Signer | None = None, turns: int = 8):
 def test_edits_parse_with_the_api_defaults() -> None:
     edits = parse_context_management({"edits": [{"type": CLEAR_THINKING}, {"type": CLEAR_TOOL_USES}]})
     assert edits == [
-        {"type": CLEAR_THINKING, "keep": 1},
-        {"type": CLEAR_TOOL_USES, "trigger": {"type": "input_tokens", "value": 100000}, "keep": 3,
-         "clear_at_least": 0, "exclude_tools": [], "clear_tool_inputs": False}]
+        ClearThinkingEdit(keep=1),
+        ClearToolUsesEdit(trigger=100000, trigger_unit="input_tokens", keep=3, clear_at_least=0, exclude_tools=(),
+                          clear_tool_inputs=False)]
+    assert [e.kind for e in edits] == [CLEAR_THINKING, CLEAR_TOOL_USES]
     (edit,) = parse_context_management({"edits": [{
         "type": CLEAR_TOOL_USES, "trigger": {"type": "tool_uses", "value": 5}, "keep": {"type": "tool_uses", "value": 1},
         "clear_at_least": {"type": "input_tokens", "value": 500}, "exclude_tools": ["Grep"],
         "clear_tool_inputs": ["Read"]}]})
-    assert edit["trigger"] == {"type": "tool_uses", "value": 5} and edit["keep"] == 1
-    assert edit["clear_at_least"] == 500 and edit["exclude_tools"] == ["Grep"] and edit["clear_tool_inputs"] == ["Read"]
-    assert parse_context_management({"edits": [{"type": CLEAR_THINKING, "keep": "all"}]})[0]["keep"] == "all"
-    assert parse_context_management({"edits": [{"type": CLEAR_THINKING, "keep": {"type": "all"}}]})[0]["keep"] == "all"
+    assert edit == ClearToolUsesEdit(trigger=5, trigger_unit="tool_uses", keep=1, clear_at_least=500,
+                                     exclude_tools=("Grep",), clear_tool_inputs=("Read",))
+    assert parse_context_management({"edits": [{"type": CLEAR_THINKING, "keep": "all"}]})[0].keep == "all"
+    assert parse_context_management({"edits": [{"type": CLEAR_THINKING, "keep": {"type": "all"}}]})[0].keep == "all"
     turn = parse_messages_request(claude_code_body())
-    assert turn.context_edits == [{"type": CLEAR_THINKING, "keep": "all"}]
+    assert turn.context_edits == [ClearThinkingEdit(keep="all")]
 
 
 MALFORMED = [
@@ -246,7 +248,7 @@ def test_malformed_edit_is_a_400_over_http(scripted_engine) -> None:
 
 
 def test_unknown_edit_type_is_ignored_with_a_log_line(scripted_engine, caplog) -> None:
-    caplog.set_level(logging.INFO, logger="jumpahead.core.context_edits")
+    caplog.set_level(logging.INFO, logger="jumpahead.proxy.anthropic_context")
     edits = {"edits": [{"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 50000}},
                        {"type": CLEAR_TOOL_USES, "trigger": {"type": "tool_uses", "value": 2},
                         "keep": {"type": "tool_uses", "value": 1}}]}

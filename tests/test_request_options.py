@@ -146,7 +146,7 @@ def test_no_module_reads_the_raw_object_but_the_parser() -> None:
 
 
 def test_the_session_option_names_the_session() -> None:
-    from jumpahead.core.session_identity import session_id
+    from jumpahead.proxy.session_identity import session_id
 
     turn = parse_chat_request({"messages": [{"role": "user", "content": "hi"}], "jumpahead": {"session": "mine"}})
     assert session_id({}, {}, turn) == "mine"

@@ -27,7 +27,7 @@ import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
 from jumpahead.core.exchange import BaseHooks
 from jumpahead.core.prompt import render_prompt
 from jumpahead.core.script import Script, ScriptedCall, ScriptTurn
-from jumpahead.core.session_identity import conversation_session_id
+from jumpahead.proxy.session_identity import conversation_session_id
 from jumpahead.core.turn import Message, ResponseFormat, Turn
 from jumpahead.traces.formats import load_session
 from jumpahead.traces.recorder import TraceError, TraceRecorder

@@ -144,7 +144,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 
 def _write(sessions: list[Any], out_dir: Path) -> list[str]:
-    from jumpahead.core.session_identity import safe_file_stem
+    from .file_names import safe_file_stem
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[str] = []

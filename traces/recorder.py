@@ -25,10 +25,10 @@ import orjson
 from jumpahead.engine.interface import Engine
 from jumpahead.core.exchange import BaseHooks, Exchange
 from jumpahead.core.prompt import continues_final_message
-from jumpahead.core.session_identity import safe_file_stem
 from jumpahead.core.turn import TurnOutput
 
 from .delta import encode
+from .file_names import safe_file_stem
 from .trace_file import FORMAT, VERSION, read_trace
 from .turn_json import call_to_json, turn_to_json
 

@@ -1,6 +1,7 @@
-"""What every `jumpahead bench` command does with its result: print it as JSON and,
-with `--out F`, also write it to F; and fail loudly (exit 1, a message on stderr)
-when the result says two arms' outputs differ where they must be identical."""
+"""What every `jumpahead bench` command (and `jumpahead replay`) does with its result:
+print it as JSON and, with `--out F`, also write it to F; and fail loudly (exit 1, a
+message on stderr) when the result says two arms' outputs differ where they must be
+identical."""
 
 from __future__ import annotations
 

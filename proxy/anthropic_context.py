@@ -1,17 +1,18 @@
-"""Anthropic `context_management`: the request's edits, validated, and the answer's report.
+"""Anthropic `context_management` on the wire: the request's edits, validated, and the answer's report.
 
 Claude Code sends `context_management` on every request. The edits the API defines
-(`clear_tool_uses_20250919`, `clear_thinking_20251015`) are parsed here into plain
-dicts with every default filled in (`Turn.context_edits`); the policy runtime
-applies them as sticky rewrites (policies/context_edits.py), so a tool use cleared at
-turn n stays cleared, byte for byte, at n+1 and the prefix cache keeps hitting. What
-was applied comes back as `context_management.applied_edits` (the message, or the
-stream's final message_delta), read from `usage.report.context_edits`, where the
-runtime reports it with the details (which messages, the tokens of each edit).
+(`clear_tool_uses_20250919`, `clear_thinking_20251015`) are parsed here into the typed,
+protocol-neutral edits of core/turn.py (`ClearToolUsesEdit`, `ClearThinkingEdit`) with
+every default filled in (`Turn.context_edits`); the policy runtime applies them as sticky
+rewrites (policies/context_edits.py), so a tool use cleared at turn n stays cleared, byte
+for byte, at n+1 and the prefix cache keeps hitting. What was applied comes back as
+`context_management.applied_edits` (the message, or the stream's final message_delta),
+read from `usage.report.context_edits`, where the runtime reports it with the details
+(which messages, the tokens of each edit).
 
 A malformed edit is a 400 naming the field; an edit type this server does not know
-(e.g. `compact_20260112`) is ignored with a log line, as the adapter ignores other
-fields it does not serve.
+(e.g. `compact_20260112`) is ignored with a log line, as the Messages protocol ignores
+other fields it does not serve.
 """
 
 from __future__ import annotations
@@ -19,17 +20,19 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .errors import invalid_request
-from .turn import Usage
+from jumpahead.core.errors import invalid_request
+from jumpahead.core.turn import (
+    CLEAR_THINKING,
+    CLEAR_TOOL_USES,
+    ClearThinkingEdit,
+    ClearToolUsesEdit,
+    ContextEditSpec,
+    Usage,
+)
 
 log = logging.getLogger(__name__)
 
-CLEAR_TOOL_USES = "clear_tool_uses_20250919"
-CLEAR_THINKING = "clear_thinking_20251015"
 APPLIED_FIELDS = ("type", "cleared_tool_uses", "cleared_thinking_turns", "cleared_input_tokens")
-DEFAULT_TRIGGER = 100_000  # input tokens (the API's default)
-DEFAULT_KEEP_TOOL_USES = 3
-DEFAULT_KEEP_THINKING_TURNS = 1
 
 
 def _int_field(value: Any, where: str, lo: int) -> int:
@@ -59,41 +62,38 @@ def _names(value: Any, where: str) -> list[str]:
     return list(value)
 
 
-def _clear_tool_uses(edit: dict[str, Any], where: str) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": CLEAR_TOOL_USES, "trigger": {"type": "input_tokens", "value": DEFAULT_TRIGGER},
-                           "keep": DEFAULT_KEEP_TOOL_USES, "clear_at_least": 0, "exclude_tools": [],
-                           "clear_tool_inputs": False}
+def _clear_tool_uses(edit: dict[str, Any], where: str) -> ClearToolUsesEdit:
+    out: dict[str, Any] = {}  # the fields given; the API's defaults are ClearToolUsesEdit's
     if edit.get("trigger") is not None:
-        kind, n = _counted(edit["trigger"], f"{where}.trigger", ("input_tokens", "tool_uses"), 1)
-        out["trigger"] = {"type": kind, "value": n}
+        out["trigger_unit"], out["trigger"] = _counted(edit["trigger"], f"{where}.trigger",
+                                                       ("input_tokens", "tool_uses"), 1)
     if edit.get("keep") is not None:
         out["keep"] = _counted(edit["keep"], f"{where}.keep", ("tool_uses",), 0)[1]
     if edit.get("clear_at_least") is not None:
         out["clear_at_least"] = _counted(edit["clear_at_least"], f"{where}.clear_at_least", ("input_tokens",), 0)[1]
     if edit.get("exclude_tools") is not None:
-        out["exclude_tools"] = _names(edit["exclude_tools"], f"{where}.exclude_tools")
+        out["exclude_tools"] = tuple(_names(edit["exclude_tools"], f"{where}.exclude_tools"))
     inputs = edit.get("clear_tool_inputs")
     if inputs is not None:
         if not isinstance(inputs, bool):
-            inputs = _names(inputs, f"{where}.clear_tool_inputs")  # bool, or the tools whose inputs go
+            inputs = tuple(_names(inputs, f"{where}.clear_tool_inputs"))  # bool, or the tools whose inputs go
         out["clear_tool_inputs"] = inputs
-    return out
+    return ClearToolUsesEdit(**out)
 
 
-def _clear_thinking(edit: dict[str, Any], where: str) -> dict[str, Any]:
-    keep: Any = DEFAULT_KEEP_THINKING_TURNS
+def _clear_thinking(edit: dict[str, Any], where: str) -> ClearThinkingEdit:
     raw = edit.get("keep")
     if raw == "all" or (isinstance(raw, dict) and raw.get("type") == "all"):
-        keep = "all"
-    elif raw is not None:
-        keep = _counted(raw, f"{where}.keep", ("thinking_turns",), 0)[1]
-    return {"type": CLEAR_THINKING, "keep": keep}
+        return ClearThinkingEdit(keep="all")
+    if raw is not None:
+        return ClearThinkingEdit(keep=_counted(raw, f"{where}.keep", ("thinking_turns",), 0)[1])
+    return ClearThinkingEdit()
 
 
 PARSERS = {CLEAR_TOOL_USES: _clear_tool_uses, CLEAR_THINKING: _clear_thinking}
 
 
-def parse_context_management(value: Any) -> list[dict[str, Any]]:
+def parse_context_management(value: Any) -> list[ContextEditSpec]:
     """The request's edits, defaults filled in, in order; unknown edit types left out
     (logged). Raises APIError(400) naming the malformed field."""
     if not isinstance(value, dict):
@@ -104,7 +104,7 @@ def parse_context_management(value: Any) -> list[dict[str, Any]]:
         return []
     if not isinstance(raw, list):
         raise invalid_request("context_management.edits must be an array of edits", param="context_management.edits")
-    edits: list[dict[str, Any]] = []
+    edits: list[ContextEditSpec] = []
     for i, edit in enumerate(raw):
         where = f"context_management.edits[{i}]"
         if not isinstance(edit, dict):
@@ -116,7 +116,7 @@ def parse_context_management(value: Any) -> list[dict[str, Any]]:
         if parser is None:
             log.info("%s: edit type %r is not served here; ignored", where, kind)
             continue
-        if any(e["type"] == kind for e in edits):
+        if any(e.kind == kind for e in edits):
             raise invalid_request(f"{where}.type: {kind} is given twice", param=f"{where}.type")
         if kind == CLEAR_THINKING and edits:
             # the API's rule: thinking blocks are cleared before anything else is counted

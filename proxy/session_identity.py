@@ -1,4 +1,4 @@
-"""Which agent session a request belongs to.
+"""Which agent session a request belongs to, from its headers and body.
 
 Agents resend the whole history every turn; the recorder, the policies' per-session
 memo (sticky compaction) and the trace file all key on one session id:
@@ -10,13 +10,13 @@ memo (sticky compaction) and the trace file all key on one session id:
 2. else a hash of the conversation's first messages (system text and the first user
    message), which every later turn of the same conversation resends unchanged.
 
-The id is sanitized for use in file names by `safe_file_stem`, never used raw.
+The id is sanitized for use in file names by traces/file_names.py `safe_file_stem`,
+never used raw.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,7 +24,6 @@ import orjson
 
 SESSION_HEADERS = ("x-claude-code-session-id", "session_id", "session-id", "x-session-id",
                    "x-opencode-session", "x-opencode-session-id", "conversation_id", "x-conversation-id")
-_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def _metadata_session(body: Mapping[str, Any]) -> str | None:
@@ -82,12 +81,3 @@ def conversation_session_id(turn: Any) -> str:
 
 def session_id(headers: Mapping[str, str], body: Mapping[str, Any], turn: Any) -> str:
     return client_session_id(headers, body, turn.options.session) or conversation_session_id(turn)
-
-
-def safe_file_stem(session: str, limit: int = 96) -> str:
-    """`session` as a file name stem: only [A-Za-z0-9._-], no leading dot, bounded length,
-    with a short hash when anything was changed so distinct ids stay distinct."""
-    cleaned = _SAFE.sub("_", session).lstrip(".")[:limit]
-    if cleaned != session or not cleaned:
-        cleaned = f"{cleaned[: limit - 13]}-{hashlib.sha256(session.encode()).hexdigest()[:12]}".lstrip("-.")
-    return cleaned
