@@ -34,12 +34,9 @@ class Proposal:
     # Verify tokens of an asserted kind instead (exact strict fill: the tokens keep their
     # kind but are accepted only where the row's sampler picks them; engine/strict/grammar.py).
     verify: bool = False
-    # Set by the scheduler: who proposed it (for feedback), and whether an asserted
-    # run was cut at the round's width cap (its rest follows next round, unsampled).
-    proposer: "Proposer | None" = field(default=None, repr=False, compare=False)
-    cut: bool = False
-    expected: float = 0.0  # set by the scheduler: expected accepted tokens (verified)
-    worth: float = 0.0  # set by the scheduler: seconds one accepted token saves
+    # What the round decides about it (who proposed it, the tokens carried, a cut
+    # asserted run, expected accepted tokens) is the scheduler's `Carried`
+    # (engine/schedule/arbitration.py): a proposer's Proposal is never written into.
 
     @property
     def asserted(self) -> bool:

@@ -122,7 +122,7 @@ class Method:
 
 
 def _in(module: str, name: str) -> Callable[..., Any]:
-    """`engine/<module>.py`'s `name`, imported when first called (the registry imports no mlx)."""
+    """`engine/methods/<module>.py`'s `name`, imported when first called (the registry imports no mlx)."""
 
     def call(*args: Any) -> Any:
         return getattr(importlib.import_module(f".{module}", __package__), name)(*args)
@@ -188,8 +188,8 @@ BUILTIN: tuple[Method, ...] = (
     Method("ngram", "ngram", True, "prompt-lookup n-grams (engine/methods/echo.py)", _ngram,
            arms=(MethodArm("ngram", "prompt-lookup n-grams, verified"),)),
     Method("draft", "draft", True, "a draft model's tokens (engine/methods/draft_model.py)", _draft, needs=_draft_needs,
-           lifecycle=Lifecycle(_in("draft", "load_draft"), "cannot use draft model {spec}", "--draft-model",
-                               attach=_in("draft", "attach_draft"), companion=_in("draft", "DraftCompanion"))),
+           lifecycle=Lifecycle(_in("draft_model", "load_draft"), "cannot use draft model {spec}", "--draft-model",
+                               attach=_in("draft_model", "attach_draft"), companion=_in("draft_model", "DraftCompanion"))),
     Method("drafter", "drafter", True, "a trained drafter head's tokens (engine/methods/drafter.py)", _drafter,
            needs=_drafter_needs,
            arms=(MethodArm("drafter", "the trained drafter's tokens, verified (replay and live load the "

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Protocol
 
 import mlx.core as mx
 
-from .forecast import remaining
 from ..kv.model_runner import ModelRunner
-from ..methods.proposal import VERIFIED_KINDS, DraftsInGroup, ObservesHidden, Peeks, Proposal, ProposalStats, ReleasesRow, unwrapped
+from ..methods.proposal import ObservesHidden, ProposalStats, ReleasesRow, unwrapped
+from .arbitration import Arbiter
 from .row import Row
-from .verification import RowOutcome, acceptance_key, verify_round
-from .width_policy import Acceptance, WidthPolicy, expected_accepted, prior_rate
+from .verification import RowOutcome, verify_round
+from .width_policy import WidthPolicy
 
 if TYPE_CHECKING:
     from ..kv.row_cache import RowKVCache
@@ -100,7 +100,7 @@ class Scheduler:
         self.prefix_cache: RowHooks | None = None  # set by the Engine (engine/prefix/prefix_cache.py)
         self._ahead: tuple[list[Row], mx.array] | None = None  # queued greedy round
         self.width_policy = WidthPolicy()
-        self._sat_out: set[int] = set()  # this round's grouped proposers a copy outranked
+        self.arbiter = Arbiter(self)  # which proposal each row carries (engine/schedule/arbitration.py)
         pipeline = config.pipeline_greedy
         self.pipeline = mx.default_device() == mx.gpu if pipeline is None else pipeline
         # A queued round advances recurrent state past the rows' ends; only attention
@@ -363,11 +363,7 @@ class Scheduler:
         if self._greedy_round():
             return
         rows = self.running
-        self._offer_round_groups(rows)
-        props = [self._propose(r) for r in rows]
-        self._sat_out = set()  # this round's only (ids must not outlive their proposers)
-        if self.config.cost_aware:
-            self._drop_unpaid(rows, props)
+        props = self.arbiter.round(rows)  # schedule: each row's carried proposal
         t0 = time.perf_counter()  # the width policy fits forward cost, not proposing time
         inputs = [[r.pending] + (p.tokens if p else []) for r, p in zip(rows, props)]
         width = max(len(x) for x in inputs)
@@ -398,7 +394,7 @@ class Scheduler:
             before = len(row.output)
             # the verified method noted per method (Row.commit: before the final chunk's usage.fill)
             method = None if prop is None or prop.asserted else \
-                prop.proposer.name if prop.proposer is not None else prop.kind
+                prop.proposer.name
             row.commit(tokens, outcome.kinds, accepted, outcome.sources, outcome.logprobs,
                        proposed=len(prop.tokens) if prop else 0,
                        method=method, totals=self.totals)
@@ -456,7 +452,7 @@ class Scheduler:
         call) takes that token instead of sampling; verified proposals start next round.
         """
         if row.proposers:
-            prop = self._propose(row, asserted_only=True)
+            prop = self.arbiter.propose(row, asserted_only=True)
             if prop is not None and prop.tokens:
                 tok = prop.tokens[0]
                 row.sampler.observe(tok)

@@ -3,8 +3,9 @@
 A row's verified proposal is accepted token by token while the row's own sampler, at
 that absolute position, picks the proposed token; the first disagreement is emitted as
 the sampled token. Asserted tokens are taken as given and the row samples after them
-(docs/design.md, Proposal). The scheduler (engine/schedule/scheduler.py) proposes, runs the
-forward, and commits each row's `RowOutcome`: schedule, run, postprocess.
+(docs/design.md, Proposal). The scheduler (engine/schedule/scheduler.py) carries each
+row's proposal (engine/schedule/arbitration.py `Carried`), runs the forward, and commits
+each row's `RowOutcome`: schedule, run, postprocess.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ import numpy as np
 
 from .forecast import note_copy
 from ..logprobs import token_logprob
-from ..methods.proposal import Proposal
-from .width_policy import LONG_MATCH
+from .arbitration import Carried
 
 if TYPE_CHECKING:
     from .row import Row
@@ -40,18 +40,9 @@ class RowOutcome:
     logprobs: list | None
 
 
-def acceptance_key(prop: Proposal) -> str:
-    """The acceptance record a proposal's outcome updates: its proposer's (or kind's),
-    apart for long and short copy matches (they are accepted at very different rates)."""
-    name = prop.proposer.name if prop.proposer is not None else prop.kind
-    if not prop.match:
-        return name
-    return f"{name}/{'long' if prop.match >= LONG_MATCH else 'short'}"
-
-
 def verify_round(
     rows: list[Row],
-    props: list[Proposal | None],
+    props: list[Carried | None],
     logits: mx.array | None,
     where: list[tuple[int, int]],
     counters: Counter[str],
@@ -150,7 +141,7 @@ def verify_round(
                 tokens.append(tok)
                 kinds.append("sampled")
                 break
-            acc = row.acceptance.get(acceptance_key(prop))
+            acc = row.acceptance.get(prop.key)
             if acc is not None:
                 acc.observe(k, accepted)
             if prop.source is not None and prop.kind != "strict":
@@ -163,7 +154,5 @@ def verify_round(
             out.append(RowOutcome(tokens, kinds, 1 + accepted, accepted,
                         None if src is None else [*src[:accepted], None], lps))
             feedback = accepted
-        proposer = prop.proposer
-        if proposer is not None:
-            proposer.feedback(prop, feedback)
+        prop.proposer.feedback(prop.proposal, feedback)  # the proposal as carried
     return out
