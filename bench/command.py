@@ -24,7 +24,7 @@ KINDS: dict[str, tuple[str, str]] = {
                      "(sliding, sinks, MLA, hybrid recurrent) for the other benches' --model"),
     "kv": ("jumpahead.bench.kv", "quantized KV cache: next-token agreement and logit error vs full precision "
            "at agent contexts, bytes per token, what fits 1 GiB"),
-    "draft": ("jumpahead.bench.draft", "the learned drafter vs ordinary decoding (B=1, B=4), echo vs echo + drafter, "
+    "drafter": ("jumpahead.bench.drafter", "the learned drafter vs ordinary decoding (B=1, B=4), echo vs echo + drafter, "
               "a mixed batch; outputs checked token for token"),
     "blas": ("jumpahead.bench.blas", "each BLAS this CPU can run vs the reference: GEMM GFLOP/s, default-model "
              "decode and prefill tok/s, new process per arm"),

@@ -77,13 +77,13 @@ def test_bench_proxy_reports_costs_and_affinity(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_bench_draft_times_the_grouped_two_model_draft(tmp_path: Path) -> None:
-    """`bench draft` in a new process, short: every arm's tokens equal ordinary decoding's
+def test_bench_drafter_times_the_grouped_two_model_draft(tmp_path: Path) -> None:
+    """`bench drafter` in a new process, short: every arm's tokens equal ordinary decoding's
     (the command checks them itself), and the two-model part reports its group sharing
     draft forwards across the batch of 4 (fewer batched forwards than row forwards, where
     every row drafts: the latency objective)."""
     out = tmp_path / "draft.json"
-    proc = subprocess.run([sys.executable, "-m", "jumpahead.bench.draft", "--tokens", "16", "--repeats", "1",
+    proc = subprocess.run([sys.executable, "-m", "jumpahead.bench.drafter", "--tokens", "16", "--repeats", "1",
                            "--draft-model", "truncated:4", "--out", str(out)],
                           capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -100,19 +100,19 @@ def test_bench_draft_times_the_grouped_two_model_draft(tmp_path: Path) -> None:
     assert comp["uncomposed_drafter"]["sat_out"] == 0 and comp["echo_and_drafter_vs_uncomposed"]["wall"]["ratio"] > 0
 
 
-def test_bench_draft_refuses_a_bad_draft_model_spec() -> None:
-    proc = subprocess.run([sys.executable, "-m", "jumpahead.bench.draft", "--draft-model", "truncated:x"],
+def test_bench_drafter_refuses_a_bad_draft_model_spec() -> None:
+    proc = subprocess.run([sys.executable, "-m", "jumpahead.bench.drafter", "--draft-model", "truncated:x"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and "truncated:N needs a positive number" in proc.stderr
 
 
 @pytest.mark.slow
-def test_bench_draft_agent_turns_with_the_adapters_drafter(tmp_path: Path) -> None:
-    """`bench draft --adapter smol-agent --agent-only` in a new process: held-out agent
+def test_bench_drafter_agent_turns_with_the_adapters_drafter(tmp_path: Path) -> None:
+    """`bench drafter --adapter smol-agent --agent-only` in a new process: held-out agent
     turns of the adapted model, every arm's tokens equal ordinary decoding's (checked by
     the command), and the adapter's own drafter is the one that drafted."""
     out = tmp_path / "agent.json"
-    proc = subprocess.run([sys.executable, "-m", "jumpahead.bench.draft", "--adapter", "smol-agent", "--agent-only",
+    proc = subprocess.run([sys.executable, "-m", "jumpahead.bench.drafter", "--adapter", "smol-agent", "--agent-only",
                            "--tokens", "24", "--repeats", "1", "--out", str(out)],
                           capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -124,15 +124,15 @@ def test_bench_draft_agent_turns_with_the_adapters_drafter(tmp_path: Path) -> No
     assert agent["b1"]["default_and_drafter_vs_default"]["wall"]["ratio"] > 0
 
 
-def test_bench_draft_agent_turns_refuse_a_missing_adapter_or_drafter(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "jumpahead.bench.draft", "--agent-only"],
+def test_bench_drafter_agent_turns_refuse_a_missing_adapter_or_drafter(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "jumpahead.bench.drafter", "--agent-only"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and "--agent-only needs --adapter" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "jumpahead.bench.draft", "--adapter", str(tmp_path / "nowhere")],
+    proc = subprocess.run([sys.executable, "-m", "jumpahead.bench.drafter", "--adapter", str(tmp_path / "nowhere")],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and "adapter_config.json" in proc.stderr
     bare = tmp_path / "bare"
     shutil.copytree(resolve_adapter("smol-agent"), bare, ignore=shutil.ignore_patterns("drafter"))
-    proc = subprocess.run([sys.executable, "-m", "jumpahead.bench.draft", "--adapter", str(bare), "--agent-only"],
+    proc = subprocess.run([sys.executable, "-m", "jumpahead.bench.drafter", "--adapter", str(bare), "--agent-only"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and "has no drafter/ folder" in proc.stderr

@@ -1,4 +1,4 @@
-"""`jumpahead bench draft`: the learned drafter vs ordinary decoding, side by side.
+"""`jumpahead bench drafter`: the learned drafter vs ordinary decoding, side by side.
 
 Arms run interleaved (order alternating per repeat) in one process on one loaded model;
 each ratio is the median of per-pair ratios (pairs ran back to back), by wall clock and
@@ -23,7 +23,7 @@ tokens differ from ordinary decoding's fails the benchmark (exit 1), whatever th
 5. (`--adapter NAME|DIR`) agent turns of the adapted model with its own drafter
    (`agent_turns`): ordinary, drafter, default and default + drafter at B=1 and B=4.
 
-`jumpahead bench draft [--drafter PATH] [--draft-model SPEC|none] [--tokens N] [--repeats R] [--model M]
+`jumpahead bench drafter [--drafter PATH] [--draft-model SPEC|none] [--tokens N] [--repeats R] [--model M]
 [--adapter NAME|DIR [--agent-only]]`.
 """
 
@@ -78,7 +78,7 @@ def _method_stats(rows: list[dict[str, Any]], method: str) -> dict[str, Any]:
 
 def _progress(line: str) -> None:
     """A progress line on stderr (the bench runs for minutes; stdout carries the JSON)."""
-    print(f"bench draft: {line}", file=sys.stderr, flush=True)
+    print(f"bench drafter: {line}", file=sys.stderr, flush=True)
 
 
 def run(drafter: str | None, model: str | None = None, tokens: int = 96, repeats: int = 3,
@@ -314,7 +314,7 @@ def agent_turns(adapter: str, model: str | None = None, tokens: int = 96, repeat
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="jumpahead bench draft", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="jumpahead bench drafter", description=__doc__.splitlines()[0])
     parser.add_argument("--drafter", default=None, metavar="PATH",
                         help="drafter folder (default: the one shipped for the default model)")
     parser.add_argument("--model", default=None, metavar="PATH", help="target model (default: the embedded one)")
@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     spec = None if args.draft_model in ("none", "off", "") else args.draft_model
     if args.agent_only and not args.adapter:
-        print("jumpahead bench draft: --agent-only needs --adapter", file=sys.stderr)
+        print("jumpahead bench drafter: --agent-only needs --adapter", file=sys.stderr)
         return 2
     if args.adapter:
         from jumpahead.engine.methods.drafter import adapter_drafter_path
@@ -338,24 +338,24 @@ def main(argv: list[str] | None = None) -> int:
         try:
             folder = resolve_adapter(args.adapter)
         except FileNotFoundError as exc:
-            print(f"jumpahead bench draft: {exc}", file=sys.stderr)
+            print(f"jumpahead bench drafter: {exc}", file=sys.stderr)
             return 2
         if not adapter_drafter_path(folder).is_dir():
-            print(f"jumpahead bench draft: {folder} has no drafter/ folder "
+            print(f"jumpahead bench drafter: {folder} has no drafter/ folder "
                   f"(jumpahead train-drafter --adapter {args.adapter})", file=sys.stderr)
             return 2
     try:
         out = {"bench": "draft", "identical_outputs": True, "mismatches": []} if args.agent_only \
             else run(args.drafter, args.model, args.tokens, args.repeats, spec)
     except MethodError as exc:  # a bad truncated:N, a draft of another tokenizer family, a drafter not for the model
-        print(f"jumpahead bench draft: {exc}", file=sys.stderr)
+        print(f"jumpahead bench drafter: {exc}", file=sys.stderr)
         return 2
     if args.adapter:
         out["agent_turns"] = agent_turns(args.adapter, args.model, args.tokens, args.repeats)
         out["mismatches"] = out["mismatches"] + out["agent_turns"]["mismatches"]
         out["identical_outputs"] = not out["mismatches"]
     if out["mismatches"]:
-        print("jumpahead bench draft: " + "; ".join(out["mismatches"]), file=sys.stderr)
+        print("jumpahead bench drafter: " + "; ".join(out["mismatches"]), file=sys.stderr)
     return emit(out, args.out)  # exit 1, BENCH FAILED, where identical_outputs is false
 
 if __name__ == "__main__":
