@@ -346,15 +346,13 @@ class Engine:
 
     def health(self) -> dict[str, Any]:
         s = self.scheduler
-        drafter, mtp = self.method_state("drafter"), self.method_state("mtp")
         return {
             "status": "ok" if self._thread.is_alive() else "engine thread stopped",
             "model": self.info.name,
             "adapter": _adapter_health(self.info),
-            # the trained drafter head loaded for method "drafter" (its folder), or None
-            "drafter": getattr(drafter.drafter, "folder", None) if drafter is not None else None,
-            # the MTP layer loaded for method "mtp": its folder, and why it drafts by default or not
-            "mtp": {**mtp.describe(), "by_default": self.method_defaults.get("mtp")} if mtp is not None else None,
+            # each stateful method's report under its name (its Lifecycle.health; None:
+            # nothing attached): the drafter's folder, the MTP layer's and why it drafts by default
+            **self._method_health(),
             "device": str(mx.default_device()),
             "blas": blas_info(),
             "max_batch": s.config.max_batch,
@@ -368,17 +366,24 @@ class Engine:
             "uptime_s": round(time.time() - self.started_at, 1),
         }
 
+    def _method_health(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for method in methods.stateful():
+            if method.lifecycle.health is not None:
+                state = self.method_state(method.name)
+                out[method.name] = None if state is None else method.lifecycle.health(self, state)
+        return out
+
     def metrics(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.scheduler.counters)
         out["width_policy"] = self.scheduler.width_policy.as_dict()
-        methods = self.scheduler.totals.as_dict().get("methods")
-        if methods:
-            out["methods"] = methods  # verified proposals per method: accepted lengths, propose time
-        draft, mtp = self.method_state("draft"), self.method_state("mtp")
-        if draft is not None:  # the draft model's batched forwards (engine/methods/draft_model.py DraftModelGroup)
-            out["draft_model"] = draft.group.stats()
-        if mtp is not None:  # the MTP layer's batched forwards (engine/methods/mtp_group.py MtpGroup)
-            out["mtp_group"] = mtp.group.stats()
+        per_method = self.scheduler.totals.as_dict().get("methods")
+        if per_method:
+            out["methods"] = per_method  # verified proposals per method: accepted lengths, propose time
+        for method in methods.stateful():  # a stateful method's own counters (its Lifecycle.metrics)
+            state = self.method_state(method.name)
+            if state is not None and method.lifecycle.metrics is not None:
+                out.update(method.lifecycle.metrics(state))
         if self.prefix_cache is not None:
             out["prefix_cache"] = self.prefix_cache.stats()
         out["memory"] = self.memory()

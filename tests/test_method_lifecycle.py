@@ -4,7 +4,8 @@ The method `memo` below is registered alone, in this test: no Engine, serve or s
 code names it. Its state (a `Plan`, loaded from a spec file) is loaded and attached by
 the one path every engine runs (EngineConfig.method_specs, engine/methods/registry.py
 attach_methods), joins the defaults by its measured rule, and keeps per-row state in
-the prefix cache through its companion. Its proposer proposes, for a prompt it has seen,
+the prefix cache through its companion; /health and /metrics report it through its
+lifecycle (no engine code names it). Its proposer proposes, for a prompt it has seen,
 the tokens that prompt produced before (verified: accepted where the model agrees).
 """
 
@@ -100,7 +101,9 @@ def memo():
                     lambda engine, req: MemoProposer(engine.method_state(NAME)),
                     needs=lambda engine: None if engine.method_state(NAME) else "method 'memo' needs a plan",
                     lifecycle=Lifecycle(_load, "cannot use memo plan {spec}", attach=_attach, companion=MemoCompanion,
-                                        measured=lambda engine, plan: (plan.pays, f"plan {plan.label} says so"))))
+                                        measured=lambda engine, plan: (plan.pays, f"plan {plan.label} says so"),
+                                        health=lambda engine, plan: {"label": plan.label},
+                                        metrics=lambda plan: {"memo_plan": {"proposed": plan.proposed}})))
     try:
         yield
     finally:
@@ -156,6 +159,9 @@ def test_a_stateful_method_registered_alone_is_loaded_attached_served_and_cached
             ask({**follow, "jumpahead": {"methods": [NAME, "none"]}})
             assert plan.restores and plan.restores[-1] in plan.captures, (plan.restores, plan.captures)
             assert httpx.get(f"{url}/metrics.json").json()["engine"]["methods"][NAME]["accepted"] > 0
+            # (d) reported by its lifecycle alone: /health under its name, /metrics its own entries
+            assert httpx.get(f"{url}/health").json()[NAME] == {"label": "p1"}
+            assert httpx.get(f"{url}/metrics.json").json()["engine"]["memo_plan"] == {"proposed": plan.proposed}
         # the measured rule, by the same generic code: a plan that pays joins the defaults
         # of an engine whose methods were not chosen (serve without --methods)
         spec.write_text(json.dumps({"label": "p2", "pays": True}))

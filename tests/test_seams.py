@@ -99,3 +99,16 @@ def test_capabilities_are_declared_and_seen_through_a_wrapper() -> None:
     assert issubclass(MtpProposer, ObservesHidden) and not issubclass(MtpProposer, DraftsInGroup)
     assert all(issubclass(GroupedMtpProposer, c) for c in (DraftsInGroup, ReleasesRow, ObservesHidden))
     assert issubclass(ConstrainedProposer, Wrapper) and issubclass(TimedProposer, Wrapper)
+
+
+def test_the_engine_names_no_stateful_method() -> None:
+    """Engine attaches, reports (/health, /metrics) and looks up every stateful method
+    through the registry's Lifecycle: engine/engine.py spells no such method's name."""
+    from jumpahead.engine.methods import registry
+
+    names = {m.name for m in registry.stateful()}
+    assert {"draft", "drafter", "mtp"} <= names
+    tree = dict(_trees())["engine/engine.py"]
+    found = [f"engine/engine.py:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
+             if isinstance(node, ast.Constant) and node.value in names]
+    assert not found, found

@@ -87,7 +87,11 @@ class Lifecycle:
     each row's state beside the target's KV. `measured(engine, state)`: (pays, why),
     whether the state's own recorded measurement on the served model says it joins the
     defaults (engine/methods/drafter.py measured_pays); None: never by default. `flag`: the
-    `jumpahead serve` option whose value is the spec (app/serve.py method_specs)."""
+    `jumpahead serve` option whose value is the spec (app/serve.py method_specs).
+    `health(engine, state)`: what /health shows under the method's name (the key is there,
+    None, while nothing is attached); `metrics(state)`: entries /metrics adds (its batched
+    forwards' counters, say). The engine reports every stateful method through these two,
+    by no name of its own (Engine.health, Engine.metrics)."""
 
     load: Callable[[Any, str], Any]
     refusal: str
@@ -96,6 +100,8 @@ class Lifecycle:
     companion: Callable[[Any], Any] | None = None
     measured: Callable[[Any, Any], tuple[bool, str]] | None = None
     errors: tuple[type[BaseException], ...] = (ValueError, OSError)
+    health: Callable[[Any, Any], Any] | None = None
+    metrics: Callable[[Any], dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -182,6 +188,24 @@ def _mtp_needs(engine: Any) -> str | None:
     return None
 
 
+def _drafter_health(engine: Any, state: Any) -> str | None:
+    """The trained drafter head's folder (None: built in memory, as tests do)."""
+    return state.drafter.folder
+
+
+def _mtp_health(engine: Any, state: Any) -> dict[str, Any]:
+    """The MTP layer's folder, and why it drafts by default or not."""
+    return {**state.describe(), "by_default": engine.method_defaults.get("mtp")}
+
+
+def _draft_metrics(state: Any) -> dict[str, Any]:
+    return {"draft_model": state.group.stats()}  # its batched forwards (draft_model.py DraftModelGroup)
+
+
+def _mtp_metrics(state: Any) -> dict[str, Any]:
+    return {"mtp_group": state.group.stats()}  # its batched forwards (mtp_group.py MtpGroup)
+
+
 BUILTIN: tuple[Method, ...] = (
     Method("echo", "echo", True, "copies spans from the context (engine/methods/echo.py)", _echo,
            arms=(MethodArm("echo", "echo copies from the context, verified"),)),
@@ -189,18 +213,20 @@ BUILTIN: tuple[Method, ...] = (
            arms=(MethodArm("ngram", "prompt-lookup n-grams, verified"),)),
     Method("draft", "draft", True, "a draft model's tokens (engine/methods/draft_model.py)", _draft, needs=_draft_needs,
            lifecycle=Lifecycle(_in("draft_model", "load_draft"), "cannot use draft model {spec}", "--draft-model",
-                               attach=_in("draft_model", "attach_draft"), companion=_in("draft_model", "DraftCompanion"))),
+                               attach=_in("draft_model", "attach_draft"), companion=_in("draft_model", "DraftCompanion"),
+                               metrics=_draft_metrics)),
     Method("drafter", "drafter", True, "a trained drafter head's tokens (engine/methods/drafter.py)", _drafter,
            needs=_drafter_needs,
            arms=(MethodArm("drafter", "the trained drafter's tokens, verified (replay and live load the "
                                       "drafter shipped for the default model)"),),
            lifecycle=Lifecycle(_in("drafter", "load_drafter"), "cannot use drafter {spec}", "--drafter",
-                               attach=_in("drafter", "attach_drafter"), measured=_in("drafter", "drafter_pays"))),
+                               attach=_in("drafter", "attach_drafter"), measured=_in("drafter", "drafter_pays"),
+                               health=_drafter_health)),
     Method("mtp", "mtp", True, "the checkpoint's own multi-token-prediction layer (engine/methods/mtp.py)", _mtp,
            needs=_mtp_needs,
            lifecycle=Lifecycle(_in("mtp", "load_mtp"), "cannot use the MTP layer of {spec}", "--mtp",
                                attach=_in("mtp", "attach_mtp"), companion=_in("mtp", "mtp_companion"),
-                               measured=_in("mtp", "mtp_pays"))),
+                               measured=_in("mtp", "mtp_pays"), health=_mtp_health, metrics=_mtp_metrics)),
     Method(STRICT, "strict", False, "template scaffold and grammar jump-forward (engine/strict/fill.py); "
            "checked (verified) unless asserted", None,
            arms=(MethodArm("strict", "strict fill, verified (the server's default)"),
@@ -246,6 +272,11 @@ def known() -> tuple[str, ...]:
 def token_kinds() -> tuple[str, ...]:
     """Every provenance an emitted token may carry: "sampled", then the methods' kinds."""
     return tuple(dict.fromkeys([SAMPLED, *(m.kind for m in REGISTRY.values())]))
+
+
+def stateful() -> tuple[Method, ...]:
+    """The registered methods that keep state (a `Lifecycle`), in registration order."""
+    return tuple(m for m in REGISTRY.values() if m.lifecycle is not None)
 
 
 def get(name: str) -> Method | None:
