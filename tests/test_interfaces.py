@@ -10,7 +10,6 @@ import sys
 from collections import Counter
 
 from jumpahead.engine.interface import Engine, LocalEngine
-from jumpahead.proxy.wire import WireProtocol, WireContext, WireStream
 from jumpahead.proxy.anthropic_messages import MessagesProtocol
 from jumpahead.proxy.openai_chat import ChatProtocol
 from jumpahead.proxy.openai_responses import ResponsesProtocol
@@ -18,6 +17,7 @@ from jumpahead.proxy.response_store import ResponseStore
 from jumpahead.proxy.server import create_app
 from jumpahead.proxy.signing import default_signer
 from jumpahead.proxy.upstream.engine import UpstreamConfig, UpstreamEngine
+from jumpahead.proxy.wire import WireContext, WireProtocol, WireStream
 
 
 def test_both_engines_are_engines(engine) -> None:
