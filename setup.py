@@ -7,8 +7,8 @@ hand-kept list of packages and package-data globs, which forgot new subpackages 
 data folders (issue 38: jumpahead.engine.strict.tool_formats was missing from every wheel).
 This walks the folders instead: every folder below them holding files is a package
 (folders of data without __init__.py too, as setuptools recommends for data; a folder
-whose name is no identifier, like drafters/smollm2-135m, goes in as data of the package
-above it), and every non-.py file is package data. In a git checkout the files are the ones git lists
+whose name is no identifier, like weights/drafters/smollm2-135m, goes in as data of the
+package above it), and every non-.py file is package data. In a git checkout the files are the ones git lists
 (tracked or not ignored: .gitignore keeps training outputs and __pycache__ out);
 elsewhere (an unpacked sdist, a copy) every file, less __pycache__ and *.pyc.
 Folders named tests are left out. tests/test_wheel_install.py checks the wheel against
@@ -25,7 +25,7 @@ from pathlib import Path
 from setuptools import setup
 
 ROOT = Path(__file__).resolve().parent
-FOLDERS = ("core", "app", "proxy", "engine", "policies", "traces", "bench", "live")
+FOLDERS = ("core", "app", "proxy", "engine", "policies", "traces", "bench", "live", "training", "research")
 NAMESPACE = "jumpahead"
 SKIP_DIRS = {"__pycache__", "tests"}
 SKIP_SUFFIXES = (".pyc", ".pyo")
@@ -66,7 +66,7 @@ def source_files() -> list[str]:
 
 def layout() -> tuple[list[str], dict[str, str], dict[str, list[str]]]:
     """(packages, package_dir, package_data) for setup(). A folder whose name is no Python
-    identifier (engine/methods/drafters/smollm2-135m) is no package: its files are data of the
+    identifier (engine/weights/drafters/smollm2-135m) is no package: its files are data of the
     nearest folder above it that is one, by their path from there."""
     package_data: dict[str, list[str]] = defaultdict(list)
     packages = {f"{NAMESPACE}.{folder}" for folder in FOLDERS}

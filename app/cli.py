@@ -23,10 +23,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("jumpahead.app.replay_command",
                "replay recorded sessions under paired arms (forced) or to a real client (--live)"),
     "live": ("jumpahead.live.runner", "run tasks of the live task world per arm, paired by seed, through real servers"),
-    "write-up": ("jumpahead.live.writeup",
+    "write-up": ("jumpahead.research.writeup",
                  "write the research write-up (docs/research.md, SVG figures) from a live run's summary.json"),
-    "train-adapter": ("jumpahead.live.train", "train the LoRA adapter that teaches the default model the task world's tools"),
-    "train-drafter": ("jumpahead.live.train_drafter", "train the learned drafter (engine/methods/drafter.py) for the served model from its own greedy outputs"),
+    "train-adapter": ("jumpahead.training.train", "train the LoRA adapter that teaches the default model the task world's tools"),
+    "train-drafter": ("jumpahead.training.train_drafter", "train the learned drafter (engine/methods/drafter.py) for the served model from its own greedy outputs"),
     "eval-adapter": ("jumpahead.live.evaluate", "list the held-out task seeds an adapter is measured on"),
 }
 

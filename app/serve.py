@@ -269,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
         config.max_asserted = max(config.max_asserted, min(script.max_bytes() + 8, MAX_SCRIPT_SLICE))
     adapter = None
     if getattr(args, "adapter", None):
-        from jumpahead.live.adapter import resolve_adapter
+        from jumpahead.engine.model.lora import resolve_adapter
 
         try:
             adapter = str(resolve_adapter(args.adapter))

@@ -42,8 +42,8 @@ from jumpahead.engine.methods.registry import MethodError
 from jumpahead.engine.methods.drafter import default_drafter_path, read_meta
 from jumpahead.engine.engine import Engine, EngineConfig
 # Held out: written for this benchmark, never part of the drafter's training prompts
-# (live/train_drafter.py keeps every training source clear of their subjects).
-from jumpahead.live.train_drafter import NOTHING_TO_COPY
+# (training/train_drafter.py keeps every training source clear of their subjects).
+from jumpahead.training.train_drafter import NOTHING_TO_COPY
 
 DEFAULT_DRAFT_MODEL = "truncated:8"
 UNCOMPOSED = "echo+drafter/uncomposed"  # the composition's ablation arm
@@ -263,8 +263,8 @@ def agent_turns(adapter: str, model: str | None = None, tokens: int = 96, repeat
     prompt is decoded once first, so each arm finds it in the prefix cache (agents resend
     the history: the speeds are of decoding the turn)."""
     from jumpahead.engine.methods.drafter import adapter_drafter_path
-    from jumpahead.live.adapter import resolve_adapter
-    from jumpahead.live.train_drafter import world_turns
+    from jumpahead.engine.model.lora import resolve_adapter
+    from jumpahead.training.train_drafter import world_turns
 
     folder = resolve_adapter(adapter)
     path = adapter_drafter_path(folder)
@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.adapter:
         from jumpahead.engine.methods.drafter import adapter_drafter_path
-        from jumpahead.live.adapter import resolve_adapter
+        from jumpahead.engine.model.lora import resolve_adapter
 
         try:
             folder = resolve_adapter(args.adapter)

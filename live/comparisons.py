@@ -7,7 +7,7 @@ the Bonferroni-corrected level (95% jointly over the family), a paired sign-flip
 p-value, and Holm's adjustment of those p-values over the family; successes are
 compared on the discordant seeds (McNemar's exact test). A pair's verdict names a
 faster arm only where the Holm p is under ALPHA and the corrected CI excludes 0, so
-the write-up (live/writeup_text.py) can say which supplied continuation pays more,
+the write-up (research/writeup_text.py) can say which supplied continuation pays more,
 not only which beats ordinary decoding.
 """
 

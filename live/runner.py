@@ -13,7 +13,7 @@ end writes `summary.json` (live/summary.py) and `report.html` (live/report.py). 
 summary's `run` records the command line (for a run started through `run_live`, the
 equivalent command), the model the servers report, the machine (CPU model, cores,
 platform) and the git commit of the code (null without git): the research write-up
-(`jumpahead write-up`, live/writeup.py) states them with every table and figure, and
+(`jumpahead write-up`, research/writeup.py) states them with every table and figure, and
 rebuilds the summary from tasks.jsonl, the raw records kept with the run.
 """
 

@@ -33,7 +33,7 @@ writing. Their own recovery, `skip_edit`: one edit of a Python file is left out,
 check command's result shows it (a failing test, an old name grep still finds), and the
 next turns make the missed edit and run the check again.
 
-Trajectories are built from training seeds only (live/train.py `write_data`), and a
+Trajectories are built from training seeds only (training/train.py `write_data`), and a
 training seed's words and numbers never occur in a held-out task (world.SHORT_VOCAB,
 world.VOCAB): what the adapter learns to write is never a held-out task's content.
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from jumpahead.bench.output import emit, mismatches
-from jumpahead.live.adapter import resolve_adapter
+from jumpahead.engine.model.lora import resolve_adapter
 
 from .conftest import shared_path
 

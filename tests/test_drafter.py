@@ -207,7 +207,7 @@ def test_general_prompts_are_distinct_and_keep_the_benchmarks_subjects_out(loade
     none is (or shares a subject with) a benchmark prompt."""
     import random
 
-    from jumpahead.live.train_drafter import HELD_OUT_WORDS, NOTHING_TO_COPY, general_prompts
+    from jumpahead.training.train_drafter import HELD_OUT_WORDS, NOTHING_TO_COPY, general_prompts
 
     tok = loaded_model[1]
     prompts = general_prompts(tok, 3000, random.Random(5))
@@ -275,7 +275,7 @@ def test_turn_major_batches_put_each_turn_after_the_one_it_extends(loaded_model)
     """--reuse-prefixes: a task-world turn's prompt extends the turn before it token for
     token, and the batches put every turn in a later batch than the one it extends (its
     prefix is published by then), none wider than the rows asked for, none lost."""
-    from jumpahead.live.train_drafter import turn_major, world_turns
+    from jumpahead.training.train_drafter import turn_major, world_turns
 
     tasks = world_turns(loaded_model[1], 9)
     pairs = [(a, b) for turns in tasks for a, b in zip(turns, turns[1:])]
@@ -296,7 +296,7 @@ def test_train_drafter_for_an_adapter_reuses_prefixes_and_serve_loads_it(tmp_pat
     import sys
 
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.live.adapter import resolve_adapter
+    from jumpahead.engine.model.lora import resolve_adapter
 
     adapter = tmp_path / "agent"
     shutil.copytree(resolve_adapter("smol-agent"), adapter)
@@ -308,7 +308,7 @@ def test_train_drafter_for_an_adapter_reuses_prefixes_and_serve_loads_it(tmp_pat
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads(proc.stdout)
     assert summary["out"] == str(adapter / "drafter") and summary["adapter"]["name"] == "agent"
-    from jumpahead.live.train_drafter import world_turns
+    from jumpahead.training.train_drafter import world_turns
 
     turns = sum(map(len, world_turns(loaded_model[1], 8)))  # prompts counted, not their batches
     assert summary["prompts"]["task_world"] == turns and summary["prompts"]["repeats_dropped"] >= 0
@@ -330,7 +330,7 @@ def test_train_drafter_for_an_adapter_reuses_prefixes_and_serve_loads_it(tmp_pat
 
 @pytest.mark.slow
 def test_torch_trainer_reproduces_the_engine_and_its_weights_import(tmp_path, loaded_model, engine):
-    """live/train_drafter_torch.py, the CUDA path of the same recipe, run here on the CPU:
+    """training/train_drafter_torch.py, the CUDA path of the same recipe, run here on the CPU:
     its forward (the checkpoint's quantized weights dequantized) continues left-padded
     rows of different lengths exactly as the engine decodes them, token for token; the
     weights it writes, split into parts, become a drafter folder the engine loads, whose
@@ -341,7 +341,7 @@ def test_torch_trainer_reproduces_the_engine_and_its_weights_import(tmp_path, lo
 
     from jumpahead.engine.engine import Engine, EngineConfig
     from jumpahead.engine.model.loader import resolve_model
-    from jumpahead.live import train_drafter_torch as gpu
+    from jumpahead.training import train_drafter_torch as gpu
 
     exported = tmp_path / "export"
     proc = subprocess.run([sys.executable, "-m", "jumpahead.app.cli", "train-drafter", "--export-prompts",
@@ -478,7 +478,7 @@ def test_serve_adds_the_adapters_drafter_to_its_defaults_where_it_pays(tmp_path)
     from jumpahead.engine.methods.drafter import MIN_PAIRED_TASKS, adapter_drafter_path, measured_pays, read_measurement
     from jumpahead.engine.engine import Engine, EngineConfig
     from jumpahead.engine.methods.registry import attach_methods
-    from jumpahead.live.adapter import resolve_adapter
+    from jumpahead.engine.model.lora import resolve_adapter
     from jumpahead.live.drafter_measurement import record_measurement
 
     shipped = resolve_adapter("smol-agent")

@@ -1,6 +1,6 @@
 """The packages are layered one way: a package imports only from packages below it.
 
-    engine  <-  core  <-  policies  <-  proxy  <-  traces  <-  live  <-  bench  <-  app
+    engine  <-  core  <-  policies  <-  proxy  <-  traces  <-  live  <-  training  <-  research  <-  bench  <-  app
 
 (docs/design.md "Layers"). Inside engine/ the rooms are layered the same way:
 
@@ -20,7 +20,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ["engine", "core", "policies", "proxy", "traces", "live", "bench", "app"]
+LAYERS = ["engine", "core", "policies", "proxy", "traces", "live", "training", "research", "bench", "app"]
 RANK = {name: i for i, name in enumerate(LAYERS)}
 
 

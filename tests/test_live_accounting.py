@@ -273,7 +273,7 @@ def test_arms_are_compared_pairwise_with_holms_correction() -> None:
     than jump on every seed (a clear difference); echo and jump save the same on
     average but seed by seed they scatter (no difference). The Holm-adjusted p-values
     follow the raw ones; the text claims only the difference that holds."""
-    from jumpahead.live import writeup_text as wt
+    from jumpahead.research import writeup_text as wt
     from jumpahead.live.intervals import holm
 
     rng = np.random.default_rng(7)
@@ -302,7 +302,7 @@ def test_arms_are_compared_pairwise_with_holms_correction() -> None:
 def test_no_claim_that_one_arm_pays_more_without_a_corrected_interval_above_zero() -> None:
     """The issue's case: early-jump ahead of jump by about 0.5 s per task on average, its
     interval reaching below 0: the write-up names no winner between them."""
-    from jumpahead.live import writeup_text as wt
+    from jumpahead.research import writeup_text as wt
 
     rng = np.random.default_rng(3)
     jump = list(0.7 + rng.normal(0, 0.1, 10))

@@ -12,7 +12,7 @@ import pytest
 
 from jumpahead.live.sandbox import TOOL_NAMES, TOOLS, run_tool, workspace
 from jumpahead.live.trajectories import VARIANTS, applicable, build, generate, training_record
-from jumpahead.live.train import LONG_MAX_SEQ
+from jumpahead.training.train import LONG_MAX_SEQ
 from jumpahead.live.world import KINDS, LONG_KINDS, SINGLE_STEP, make_task, split_seeds
 
 SEEDS = range(12)
@@ -200,7 +200,7 @@ def test_training_text_is_what_the_server_renders(tokenizer):
     """At each assistant turn, the trainer's prompt (mlx-lm's apply_chat_template of the
     record) equals the server's prompt for the same conversation sent over the OpenAI
     protocol (core/prompt.py): training and serving see the same tokens."""
-    from jumpahead.live.train import _ids
+    from jumpahead.training.train import _ids
     from jumpahead.proxy.openai_chat import parse_chat_request
     from jumpahead.core.prompt import render_prompt
 
@@ -221,7 +221,7 @@ def test_training_text_is_what_the_server_renders(tokenizer):
 def test_assistant_turns_parse_back_to_the_same_calls(tokenizer):
     """The text the model learns to write for each assistant turn, fed to the server's
     output parser, gives back the message's text and tool calls."""
-    from jumpahead.live.train import _ids
+    from jumpahead.training.train import _ids
     from jumpahead.proxy.openai_chat import parse_chat_request
     from jumpahead.core.output_parser import OutputParser
     from jumpahead.core.turn import ContentDelta
@@ -247,7 +247,7 @@ def test_assistant_turns_parse_back_to_the_same_calls(tokenizer):
 
 
 def test_loss_mask_covers_assistant_turns_only(tokenizer):
-    from jumpahead.live.train import tokens_and_mask
+    from jumpahead.training.train import tokens_and_mask
 
     traj = build(make_task(3, "replace_line"), "edit_miss", 3)
     record = training_record(traj)
@@ -285,7 +285,7 @@ def test_eval_adapter_lists_heldout_seeds(capsys):
 
 
 def test_unknown_adapter_is_refused():
-    from jumpahead.live.adapter import resolve_adapter
+    from jumpahead.engine.model.lora import resolve_adapter
 
     with pytest.raises(FileNotFoundError):
         resolve_adapter("/nonexistent/adapter")
@@ -305,7 +305,7 @@ def test_tiny_training_run_gives_an_adapter_the_server_loads(tmp_path, tiny_mode
     import httpx
 
     from jumpahead.engine.engine import Engine, EngineConfig
-    from jumpahead.live.train import add_arguments, train_adapter
+    from jumpahead.training.train import add_arguments, train_adapter
 
     from .serving import serve
 
@@ -344,11 +344,11 @@ def test_tiny_training_run_gives_an_adapter_the_server_loads(tmp_path, tiny_mode
 
 
 def test_shipped_adapter_when_present():
-    from jumpahead.live.adapter import SHIPPED_DIR, resolve_adapter
+    from jumpahead.engine.model.lora import SHIPPED_DIR, resolve_adapter
 
     folder = SHIPPED_DIR / "smol-agent"
     if not (folder / "adapters.safetensors").exists():
-        pytest.skip("no shipped adapter yet (jumpahead train-adapter --out live/adapters/smol-agent)")
+        pytest.skip("no shipped adapter yet (jumpahead train-adapter --out engine/weights/adapters/smol-agent)")
     assert resolve_adapter("smol-agent") == folder.resolve()
     assert (folder / "adapters.safetensors").stat().st_size < 16 << 20
     assert os.path.getsize(folder / "adapter_config.json") < 16 << 10
@@ -363,12 +363,12 @@ def test_training_resumes_from_an_adapter(tmp_path):
     import mlx.core as mx
 
     from jumpahead.app.cli import main
-    from jumpahead.live.adapter import SHIPPED_DIR
-    from jumpahead.live.train import add_arguments, train_adapter
+    from jumpahead.engine.model.lora import SHIPPED_DIR
+    from jumpahead.training.train import add_arguments, train_adapter
 
     shipped = SHIPPED_DIR / "smol-agent"
     if not (shipped / "adapters.safetensors").exists():
-        pytest.skip("no shipped adapter (jumpahead train-adapter --out live/adapters/smol-agent)")
+        pytest.skip("no shipped adapter (jumpahead train-adapter --out engine/weights/adapters/smol-agent)")
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     out = tmp_path / "resumed"

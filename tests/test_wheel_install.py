@@ -28,7 +28,7 @@ import httpx
 from jumpahead.live.server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("core", "app", "proxy", "engine", "policies", "traces", "bench", "live")  # each is jumpahead.<folder>
+FOLDERS = ("core", "app", "proxy", "engine", "policies", "traces", "bench", "live", "training", "research")  # each is jumpahead.<folder>
 
 
 def _listed_files() -> list[str]:
@@ -133,7 +133,7 @@ def test_wheel_installs_every_package_and_serves(tmp_path):
         url = server.wait_healthy(timeout=600)
         health = httpx.get(f"{url}/health", timeout=10).json()
         assert health["status"] == "ok", health
-        if health.get("drafter"):  # the shipped drafter (engine/drafters), where serve runs it by default
+        if health.get("drafter"):  # the shipped drafter (engine/weights/drafters), where serve runs it by default
             assert Path(health["drafter"]).resolve().is_relative_to(site.resolve()), health["drafter"]
         page = httpx.get(f"{url}/dashboard", timeout=30)  # proxy/static, read at run time
         assert page.status_code == 200 and "<html" in page.text.lower(), page.text[:300]

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from jumpahead.app.cli import build_parser, main
-from jumpahead.live import writeup_text as wt
+from jumpahead.research import writeup_text as wt
 from jumpahead.live.summary import summarize
-from jumpahead.live.writeup import COPY_LIMIT, copy_text, render
-from jumpahead.live.writeup_figures import FIGURES
+from jumpahead.research.writeup import COPY_LIMIT, copy_text, render
+from jumpahead.research.writeup_figures import FIGURES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,7 +73,7 @@ def test_write_up_of_a_real_run(live_run, tmp_path) -> None:
         assert root.tag == "{http://www.w3.org/2000/svg}svg"
         assert "jumpahead live" in svg.read_text()  # the footer carries the command
     # a second build (through the Python API this time) gives the same bytes
-    from jumpahead.live.writeup import build
+    from jumpahead.research.writeup import build
 
     second = tmp_path / "b" / "research.md"
     second.parent.mkdir()
@@ -99,7 +99,7 @@ def test_committed_write_up_is_what_the_generator_builds() -> None:
     assert copy_text(summary) == text, "the committed copy is not as the generator writes it"
     page = (ROOT / "docs" / "research.md").read_text()
     assert page == render(summary, "research"), (
-        "docs/research.md differs from what live/writeup.py builds from docs/research/summary.json: "
+        "docs/research.md differs from what research/writeup.py builds from docs/research/summary.json: "
         "run `jumpahead write-up --run docs/research/summary.json --out docs/research.md`")
     for name in FIGURES:
         assert (ROOT / "docs" / "research" / f"{name}.svg").exists(), name

@@ -13,7 +13,7 @@ rollback after a rejection and no re-prefill on a warm turn. Every row's chain r
 one batched forward per step (`DrafterGroup`); the target verifies the tokens like any
 verified proposal, so outputs equal ordinary decoding at any temperature.
 
-The head is trained by `jumpahead train-drafter` (live/train_drafter.py) from the
+The head is trained by `jumpahead train-drafter` (training/train_drafter.py) from the
 target's own greedy outputs and is tied to that target: `Drafter.load` refuses a
 drafter whose target fingerprint (model type, width, vocabulary, a digest of the
 embedding table) is not the served model's.
@@ -314,8 +314,9 @@ def drafter_pays(engine: Any, group: "DrafterGroup") -> tuple[bool, str]:
 
 
 def default_drafter_path() -> Path:
-    """The drafter trained for the default model, shipped in the repository."""
-    return Path(__file__).resolve().parent / "drafters" / "smollm2-135m"
+    """The drafter trained for the default model, shipped in engine/weights/ (its README lists
+    the shipped weights)."""
+    return Path(__file__).resolve().parents[1] / "weights" / "drafters" / "smollm2-135m"
 
 
 def adapter_drafter_path(adapter: str | Path) -> Path:

@@ -19,7 +19,7 @@ its forward against before generating); the weights it writes become a drafter f
 with `jumpahead train-drafter --import-weights FILE` (which adds the target's
 fingerprint). Only Llama-layout targets (the default model) are supported here.
 
-    python live/train_drafter_torch.py --model M/model.safetensors --config M/config.json \\
+    python training/train_drafter_torch.py --model M/model.safetensors --config M/config.json \\
         --prompts DIR/prompts.npz --out OUT --generate-minutes 3 --train-minutes 2
 """
 

@@ -1,12 +1,13 @@
-"""Adapters by name: `smol-agent` is the one shipped in this package
-(`live/adapters/smol-agent`, trained by `jumpahead train-adapter`); anything else is a
-path to an mlx-lm adapter folder."""
+"""LoRA adapters by name: `smol-agent` is the one shipped in this package
+(`engine/weights/adapters/smol-agent`, trained by `jumpahead train-adapter`); anything
+else is a path to an mlx-lm adapter folder. The loader fuses the folder this returns
+(loader.py `fuse_adapter`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-SHIPPED_DIR = Path(__file__).resolve().parent / "adapters"
+SHIPPED_DIR = Path(__file__).resolve().parents[1] / "weights" / "adapters"
 SHIPPED: tuple[str, ...] = ("smol-agent",)
 
 

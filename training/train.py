@@ -83,8 +83,8 @@ def default_out() -> Path:
 def write_data(data_dir: Path, n_train: int, n_valid: int, long_share: float = 0.0) -> tuple[int, int]:
     """train.jsonl from the first n_train train seeds, valid.jsonl from the next n_valid;
     a `long_share` of each drawn from the long kinds."""
-    from .trajectories import generate, write_jsonl
-    from .world import split_seeds
+    from jumpahead.live.trajectories import generate, write_jsonl
+    from jumpahead.live.world import split_seeds
 
     seeds = split_seeds("train", n_train + n_valid)
     a = write_jsonl(data_dir / "train.jsonl", generate(seeds[:n_train], long_share))
@@ -223,7 +223,7 @@ def adapter_config(args: argparse.Namespace, model_name: str, n_layers: int) -> 
         "n_train": args.n_train,
         "long_share": getattr(args, "long_share", 0.0),
         "seed": args.seed,
-        "trained_by": "jumpahead train-adapter (live/train.py)",
+        "trained_by": "jumpahead train-adapter (training/train.py)",
     }
 
 
@@ -231,10 +231,10 @@ def resume_config(args: argparse.Namespace) -> dict[str, Any] | None:
     """With --resume-from (a folder or a shipped name), point it at the adapter folder
     and take its shape (LoRA weights of another rank or depth cannot be loaded into
     these layers); what it was, or None without it. FileNotFoundError where the folder
-    holds no adapter (live/adapter.py resolve_adapter)."""
+    holds no adapter (engine/model/lora.py resolve_adapter)."""
     if not getattr(args, "resume_from", None):
         return None
-    from .adapter import resolve_adapter
+    from jumpahead.engine.model.lora import resolve_adapter
 
     src = resolve_adapter(str(args.resume_from))
     prior = json.loads((src / "adapter_config.json").read_text())

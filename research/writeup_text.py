@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .ground_truth import OLD_OUTCOMES, OUTCOMES
+from jumpahead.live.ground_truth import OLD_OUTCOMES, OUTCOMES
 
 
 def _outcome_count(tasks: dict[str, Any], key: str) -> Any:

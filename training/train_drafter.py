@@ -13,7 +13,7 @@ The drafter learns (h_t, x_{t+1}) -> x_{t+2} and, chained on its own predicted h
 state, (h'_{t+1}, x_{t+2}) -> x_{t+3}, with a regression of h'_{t+1} onto h_{t+1}; the
 head covers the `--draft-vocab` tokens the target emits most and starts from the
 target's embedding rows. Agreement at chained steps 1 and 2 on held-back rows is what
-acceptance will look like. None of the benchmark's prompts (bench/draft.py) is used.
+acceptance will look like. None of the benchmark's prompts (bench/drafter.py) is used.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ SHARED_PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="drafter folder to write (default: the one shipped for the default model, "
-                             "engine/methods/drafters/smollm2-135m)")
+                             "engine/weights/drafters/smollm2-135m)")
     parser.add_argument("--model", default=None, metavar="PATH", help="target model (default: the embedded one)")
     parser.add_argument("--adapter", default=None, metavar="NAME|DIR",
                         help="train for the model with this LoRA adapter fused (a shipped name such as "
@@ -73,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--general-prompts", type=int, default=0,
                         help="everyday requests (explanations, new code, stories, worked problems) built from "
                              "word lists, none of them the benchmark's")
-    gpu = parser.add_argument_group("training on a CUDA machine (live/train_drafter_torch.py)")
+    gpu = parser.add_argument_group("training on a CUDA machine (training/train_drafter_torch.py)")
     gpu.add_argument("--export-prompts", default=None, metavar="DIR",
                      help="write the tokenized prompts (prompts.npz, with the engine's hidden states for one "
                           "prompt to check the torch forward against) and stop")
@@ -99,7 +99,7 @@ def world_prompts(tokenizer: Any, n_tasks: int, context: int) -> list[list[int]]
 
 def world_turns(tokenizer: Any, n_tasks: int, split: str = "train") -> list[list[list[int]]]:
     """Per trajectory of the split's first `n_tasks` seeds (training data: "train";
-    `bench draft --adapter`: "heldout"), the whole prompt before each assistant turn."""
+    `bench drafter --adapter`: "heldout"), the whole prompt before each assistant turn."""
     from jumpahead.live.trajectories import generate
     from jumpahead.live.world import split_seeds
 
@@ -196,11 +196,11 @@ def code_prompts(tokenizer: Any, n: int, rng: random.Random) -> list[list[int]]:
 # problems, letters, comparisons). Every drawn request is distinct: greedy decoding
 # writes the same continuation for the same prompt, so a repeat only adds weight to
 # one text (the first GPU run drew 4,000 from 2,400 distinct ones and its held-back
-# agreement counted repeats). The benchmark's held-out prompts (bench/draft.py) are
+# agreement counted repeats). The benchmark's held-out prompts (bench/drafter.py) are
 # none of these; their subjects (merging sorted lists, processes vs threads, a
 # lighthouse keeper, a train's arrival time) are kept out (HELD_OUT_WORDS).
 HELD_OUT_WORDS = ("merg", "lighthouse", "thread", "process", "train")
-# The benchmark's turns with nothing to copy (bench/draft.py runs them): held out from
+# The benchmark's turns with nothing to copy (bench/drafter.py runs them): held out from
 # every training source above, kept here so that training can measure on them too.
 NOTHING_TO_COPY = [
     "A train leaves at 3:40 pm and the trip takes 2 hours 35 minutes. Work out step by step when it arrives.",
@@ -612,7 +612,7 @@ def build_prompts(args: argparse.Namespace, tok: Any, rng: random.Random) -> tup
 
 
 def export_prompts(args: argparse.Namespace) -> dict[str, Any]:
-    """prompts.npz for live/train_drafter_torch.py: the prompts' tokens, the end-of-turn
+    """prompts.npz for training/train_drafter_torch.py: the prompts' tokens, the end-of-turn
     ids, and one prompt's final hidden states and greedy choices from this engine (the
     torch forward must reproduce them before it generates anything)."""
     from jumpahead.engine.engine import Engine, EngineConfig
@@ -645,7 +645,7 @@ def export_prompts(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def import_weights(args: argparse.Namespace) -> dict[str, Any]:
-    """A drafter folder (--out) from weights live/train_drafter_torch.py wrote: the
+    """A drafter folder (--out) from weights training/train_drafter_torch.py wrote: the
     shapes come from the weights, the fingerprint from the target loaded here."""
     from jumpahead.engine.model.loader import load_model
 
@@ -663,7 +663,7 @@ def import_weights(args: argparse.Namespace) -> dict[str, Any]:
     drafter.freeze(keys=["d2t"], recurse=False)
     mx.eval(drafter.parameters())
     names = [Path(p).name for p in args.import_weights]
-    training: dict[str, Any] = {"trained_by": "live/train_drafter_torch.py", "weights": names}
+    training: dict[str, Any] = {"trained_by": "training/train_drafter_torch.py", "weights": names}
     if args.summary:
         summary = json.loads(Path(args.summary).read_text())
         training.update({k: v for k, v in summary.items() if k != "variants"})
@@ -682,7 +682,7 @@ def adapter_folder(spec: str | None) -> Path | None:
     """The adapter folder `spec` names (None: none); FileNotFoundError names the problem."""
     if not spec:
         return None
-    from jumpahead.live.adapter import resolve_adapter
+    from jumpahead.engine.model.lora import resolve_adapter
 
     return resolve_adapter(spec)
 
