@@ -79,6 +79,8 @@ def target_fingerprint(model: nn.Module) -> dict[str, Any]:
 class Drafter(nn.Module):
     """The trained layer and its draft-vocabulary head (see the module docstring)."""
 
+    folder: str | None = None  # the folder `load` read it from (/health); None: built in memory
+
     def __init__(self, dim: int, ffn: int, draft_vocab: int) -> None:
         super().__init__()
         self.norm_h = nn.RMSNorm(dim)
