@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "traces": ("jumpahead.traces.command", "import and analyse agent sessions"),
     "replay": ("jumpahead.app.replay_command",
                "replay recorded sessions under paired arms (forced) or to a real client (--live)"),
-    "live": ("jumpahead.live.runner", "run tasks of the live task world per arm, paired by seed, through real servers"),
+    "live": ("jumpahead.live.command", "run tasks of the live task world per arm, paired by seed, through real servers"),
     "write-up": ("jumpahead.research.writeup",
                  "write the research write-up (docs/research.md, SVG figures) from a live run's summary.json"),
     "train-adapter": ("jumpahead.training.train", "train the LoRA adapter that teaches the default model the task world's tools"),

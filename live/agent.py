@@ -67,7 +67,7 @@ class TurnRecord:
     # name, arguments (text), result, error, and the ground truth (live/ground_truth.py):
     # truth (right | wrong | harmless), changed paths, bad_after
     calls: list[dict[str, Any]] = field(default_factory=list)
-    timings: dict[str, Any] = field(default_factory=dict)  # the server's, from its trace (live/runner.py)
+    timings: dict[str, Any] = field(default_factory=dict)  # the server's, from its trace (live/command.py)
     report: dict[str, Any] = field(default_factory=dict)  # usage.report: the policies' report, interventions
     # the model's raw output in its own format (call markup included), from the server's
     # trace: the hindsight arm's recording of this turn (live/oracle.py)

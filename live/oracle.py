@@ -26,7 +26,7 @@ can lead the model to calls it would not have made. Live arms name it `steering-
 The hindsight oracle is the model's own future: `LiveHindsightJump` is the built-in
 `OracleJump` fed, per turn, with the ordinary arm's recorded output of the same turn of
 the same seed (`oracle_output`, the field replay hands over). The runner runs the
-ordinary arm first (live/runner.py) and the agent sends turn k's recording only while
+ordinary arm first (live/command.py) and the agent sends turn k's recording only while
 every earlier turn of this run equals the recording's (`hindsight_output`): once the
 conversation left the recording, the recording is no longer this run's future.
 `OracleJump.plan` then supplies the recorded rest of a call only as far as its content

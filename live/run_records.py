@@ -1,6 +1,6 @@
 """A live run's raw per-task records, kept with the run, and its summary rebuilt from them.
 
-`jumpahead live` writes every task's record to OUT/tasks.jsonl (live/runner.py) and the
+`jumpahead live` writes every task's record to OUT/tasks.jsonl (live/command.py) and the
 summary from exactly those records; `jumpahead write-up` keeps a copy of them beside the
 page (tasks.jsonl.gz: gzip without a timestamp, so the same records give the same
 bytes) and rebuilds the summary from them with the current code, taking from the

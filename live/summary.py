@@ -1,7 +1,7 @@
 """The summary of a live run: success, time to success, and D/P/H/R per arm, paired by seed.
 
 Inputs are the per-task records (live/agent.py TaskRecord.to_json, each turn with the
-server's `timings` joined from its trace file by live/runner.py). D, P, H, the time to
+server's `timings` joined from its trace file by live/command.py). D, P, H, the time to
 success and R have one definition, traces/accounting.py (forced replay prices its
 interventions with the same code); here they are read off a live turn's telemetry:
 

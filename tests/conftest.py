@@ -96,11 +96,11 @@ def live_run(tmp_path_factory, tiny_model_dir):
     """A `jumpahead live` run of 2 held-out tasks in the ordinary and oracle-jump arms
     through real servers of the tiny random-weight llama (`--model`; the tasks fail;
     short turns): its output folder and summary. What the tests check is the runner's
-    accounting and the write-up, not the answers. Shared by tests/test_live_runner.py
+    accounting and the write-up, not the answers. Shared by tests/test_live_command.py
     and tests/test_writeup.py, so a session that runs both runs it once."""
     from jumpahead.live.agent import AgentOptions
     from jumpahead.live.arms import parse_live_arms
-    from jumpahead.live.runner import LiveOptions, run_live
+    from jumpahead.live.command import LiveOptions, run_live
     from jumpahead.live.world import split_seeds
 
     out = tmp_path_factory.mktemp("live") / "run"

@@ -1,4 +1,4 @@
-"""The hindsight oracle arm (live/oracle.py, live/arms.py, live/agent.py, live/runner.py):
+"""The hindsight oracle arm (live/oracle.py, live/arms.py, live/agent.py, live/command.py):
 the ordinary arm's recorded output of the same seed, supplied at a jump point only where
 its content existed before it; the ideal-call oracle is the labelled steering arm."""
 
@@ -174,7 +174,7 @@ def test_hindsight_and_steering_arms():
 
 
 def test_hindsight_arms_run_after_the_ordinary_arm_of_each_seed():
-    from jumpahead.live.runner import jobs
+    from jumpahead.live.command import jobs
 
     arms = parse_live_arms(f"echo,{HINDSIGHT},jump")
     order = [(seed, arm.name) for seed, arm in jobs([7, 8, 9], arms)]
@@ -185,7 +185,7 @@ def test_hindsight_arms_run_after_the_ordinary_arm_of_each_seed():
 
 def test_the_runner_waits_for_the_ordinary_record_and_keeps_raw_outputs(tmp_path: Path):
     from jumpahead.live.agent import TaskRecord, TurnRecord
-    from jumpahead.live.runner import LiveOptions, Run, _join_trace
+    from jumpahead.live.command import LiveOptions, Run, _join_trace
 
     run = Run(LiveOptions(arms=parse_live_arms(HINDSIGHT), seeds=[5], out=tmp_path, quiet=True))
     assert run.ordinary_record(5, 0.05) is None
@@ -214,7 +214,7 @@ def test_a_hindsight_run_through_real_servers_sends_the_ordinary_outputs(tmp_pat
     """Two servers of the tiny random-weight llama (its answers are noise; the point is
     the plumbing): the ordinary arm's records keep each turn's raw output, and the
     hindsight arm's first request carries the ordinary arm's first output."""
-    from jumpahead.live.runner import LiveOptions, run_live
+    from jumpahead.live.command import LiveOptions, run_live
     from jumpahead.live.world import split_seeds
     from jumpahead.traces.trace_file import read_trace
 

@@ -12,11 +12,11 @@ import pytest
 
 from jumpahead.app.cli import main
 from jumpahead.live.run_records import read_records, summary_of
-from jumpahead.live.runner import git_commit, machine, write_outputs
+from jumpahead.live.command import git_commit, machine, write_outputs
 
 
 def _turn(ms: float, n: int, supplied: int = 0, calls: list | None = None, interventions: list | None = None) -> dict:
-    """A turn shaped as live/agent.py records it, with the trace's timings joined (live/runner.py)."""
+    """A turn shaped as live/agent.py records it, with the trace's timings joined (live/command.py)."""
     rounds = [[ms, 1, 0]] * (n - supplied) + ([[ms * 1.5, supplied + 1, supplied]] if supplied else [])
     tokens = {"sampled": n - supplied, **({"jump": supplied} if supplied else {})}
     return {"wall_s": 0.3 + ms * len(rounds) / 1000, "finish_reason": "tool_calls" if calls else "stop",

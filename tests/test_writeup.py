@@ -1,6 +1,6 @@
 """`jumpahead write-up`: the research page from a live run's summary.
 
-- From a real run (conftest.py's `live_run`, shared with tests/test_live_runner.py):
+- From a real run (conftest.py's `live_run`, shared with tests/test_live_command.py):
   every arm in the results table with its numbers as the JSON has them, SVG figures,
   the run's command stated, and a second build byte-identical to the first.
 - The committed docs/research.md is what the generator builds from the committed
@@ -202,7 +202,7 @@ def test_a_large_summary_is_copied_without_its_accounts() -> None:
 
 
 def test_the_recorded_command_line_parses_back_to_the_same_options(monkeypatch, tmp_path) -> None:
-    from jumpahead.live.runner import command_line
+    from jumpahead.live.command import command_line
 
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
     argv = ["live", "--tasks", "3", "--arms", "ordinary,mistaken-jump:rate=0.5,base=oracle", "--adapter",

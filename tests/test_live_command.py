@@ -274,7 +274,7 @@ def test_arms_map_to_servers_and_requests() -> None:
 
 
 def test_jobs_pair_seeds_and_rotate_arms() -> None:
-    from jumpahead.live.runner import jobs
+    from jumpahead.live.command import jobs
 
     arms = parse_live_arms("echo,jump")
     order = [(seed, arm.name) for seed, arm in jobs([7, 8, 9], arms)]
@@ -284,7 +284,7 @@ def test_jobs_pair_seeds_and_rotate_arms() -> None:
 
 def test_resume_keeps_done_tasks_and_runs_none_twice(tmp_path) -> None:
     from jumpahead.live.agent import AgentOptions
-    from jumpahead.live.runner import LiveOptions, run_live
+    from jumpahead.live.command import LiveOptions, run_live
 
     arms = parse_live_arms("echo")
     done = [dict(_rec(a.name, s, s == 1, 1.0 + s, [_turn(1.0, 0.1, 1.0, PLAIN, 11, 11)]), job=i)
