@@ -89,7 +89,7 @@ async def _run_batch(engine: "Engine", batch: list[dict[str, Any]], arm: str, bu
     from jumpahead.engine.methods.registry import SERVER_DEFAULT
     from jumpahead.core.exchange import Exchange
     from jumpahead.core.options import RequestOptions
-    from jumpahead.core.runner import complete_turn, prepare_turn
+    from jumpahead.core.turn_runner import complete_turn, prepare_turn
 
     prepared = []
     for item in batch:

@@ -34,7 +34,7 @@ from jumpahead.engine.methods.proposal import Proposal, RowView
 from .errors import APIError, invalid_request
 from .exchange import BaseHooks, Exchange
 from .output_parser import OutputParser
-from .runner import PreparedTurn, validate_request
+from .turn_runner import PreparedTurn, validate_request
 from .turn import Tool, TurnOutput
 
 log = logging.getLogger(__name__)

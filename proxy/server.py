@@ -42,7 +42,7 @@ from .openai_responses import ResponsesProtocol
 from jumpahead.core.prompt import render_prompt
 from .response_store import ResponseStore
 from .responses_compact import compact_response
-from jumpahead.core.runner import PreparedTurn, complete_turn, prepare_turn_async, stream_turn
+from jumpahead.core.turn_runner import PreparedTurn, complete_turn, prepare_turn_async, stream_turn
 from jumpahead.core.script import Script
 from .prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from .prometheus import prometheus_text

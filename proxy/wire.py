@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from jumpahead.engine.interface import Engine
 
     from .response_store import ResponseStore
-    from jumpahead.core.runner import PreparedTurn
+    from jumpahead.core.turn_runner import PreparedTurn
     from .signing import Signer
     from jumpahead.core.turn import OutputEvent, Turn, TurnOutput
 

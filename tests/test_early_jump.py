@@ -373,7 +373,7 @@ def run_turn(eng, policies: list[str], after: int, *, eos: bool = False, session
     """The forced statement, the model's own newline, then `after` more output tokens
     (EOS allowed where `eos`)."""
     from jumpahead.core.exchange import Exchange
-    from jumpahead.core.runner import complete_turn, prepare_turn
+    from jumpahead.core.turn_runner import complete_turn, prepare_turn
     from jumpahead.engine.types import SamplingParams
     from jumpahead.policies.runtime import PolicyHooks
 

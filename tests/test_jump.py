@@ -443,7 +443,7 @@ def test_jump_end_to_end_through_the_engine(jump_engine):
     from jumpahead.engine.types import GenerationRequest, SamplingParams
     from jumpahead.policies.runtime import PolicyHooks
     from jumpahead.core.exchange import Exchange
-    from jumpahead.core.runner import complete_turn, prepare_turn
+    from jumpahead.core.turn_runner import complete_turn, prepare_turn
 
     eng, tok = jump_engine, jump_engine.tokenizer
     turn = Turn(messages=[Message("user", "Create hello.py")], tools=[WRITE], max_tokens=e2e_budget(tok, 8),

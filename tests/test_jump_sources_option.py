@@ -154,7 +154,7 @@ FORCED = ('<think>\nI will create hello.py as asked.\n</think>\n\n<tool_call>\n'
 
 def run_turn(eng, policies: list[str], after: int, session: str):
     from jumpahead.core.exchange import Exchange
-    from jumpahead.core.runner import complete_turn, prepare_turn
+    from jumpahead.core.turn_runner import complete_turn, prepare_turn
     from jumpahead.engine.types import SamplingParams
     from jumpahead.policies.runtime import PolicyHooks
     from tests.test_jump import WRITE

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import jumpahead.engine  # noqa: F401  (OpenBLAS before mlx)
 from jumpahead.engine.methods.proposal import RowView
 from jumpahead.core.errors import APIError
-from jumpahead.core.runner import complete_turn, prepare_turn
+from jumpahead.core.turn_runner import complete_turn, prepare_turn
 from jumpahead.core.script import (
     Script,
     ScriptedCall,

@@ -189,7 +189,7 @@ TWO_TOOLS = [
 
 def test_anthropic_disable_parallel_tool_use_answers_with_one_tool_use(engine):
     from jumpahead.proxy.anthropic_messages import parse_messages_request
-    from jumpahead.core.runner import strict_fill_fields
+    from jumpahead.core.turn_runner import strict_fill_fields
 
     messages = [{"role": "user", "content": "What is the weather in Paris? And what is 2 + 3?"}]
     body = {"model": "m", "max_tokens": 160, "messages": messages, "tools": TWO_TOOLS}

@@ -276,7 +276,7 @@ def test_scaffold_fires_only_in_a_tool_call(engine, loaded_model, pi_tools):
 def test_proxy_maps_tool_choice_and_response_format(engine, pi_tools):
     import asyncio
 
-    from jumpahead.core.runner import complete_turn, prepare_turn
+    from jumpahead.core.turn_runner import complete_turn, prepare_turn
     from jumpahead.core.turn import Message, ResponseFormat, Tool, ToolChoice, Turn
 
     tools = [Tool(t["function"]["name"], t["function"]["description"], t["function"]["parameters"]) for t in pi_tools]

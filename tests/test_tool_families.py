@@ -299,7 +299,7 @@ def _turn(**kw: Any) -> Any:
 def test_tool_choice_maps_to_the_family_grammar(tokenizers):
     from jumpahead.core.errors import APIError
     from jumpahead.core.options import parse_options
-    from jumpahead.core.runner import strict_fill_fields
+    from jumpahead.core.turn_runner import strict_fill_fields
     from jumpahead.core.turn import ToolChoice
 
     for family, tok in tokenizers.items():

@@ -298,7 +298,7 @@ def test_jump_end_to_end_in_the_family_format(default_folder, tmp_path, family):
     from jumpahead.engine.types import SamplingParams
     from jumpahead.policies.runtime import PolicyHooks
     from jumpahead.core.exchange import Exchange
-    from jumpahead.core.runner import complete_turn, prepare_turn
+    from jumpahead.core.turn_runner import complete_turn, prepare_turn
     from jumpahead.core.options import RequestOptions
     from jumpahead.core.turn import Message, Turn
 

@@ -311,7 +311,7 @@ def test_a_turn_the_client_leaves_is_recorded_as_cancelled(live, engine):
 def test_a_response_format_is_recorded_and_replay_asks_with_it(live, engine):
     """A JSON response format is a grammar: the trace's context keeps it (and nothing of
     the per-request options or metadata), so the imported turn asks with the same grammar."""
-    from jumpahead.core.runner import strict_fill_fields
+    from jumpahead.core.turn_runner import strict_fill_fields
 
     url, directory, _ = live
     body = {"model": "m", "max_tokens": 12, "temperature": 0, "response_format": {"type": "json_object"},

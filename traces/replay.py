@@ -42,7 +42,7 @@ from jumpahead.engine.types import ServedModel
 from jumpahead.core.exchange import Exchange
 from jumpahead.core.options import RequestOptions
 from jumpahead.core.prompt import prompt_opens_reasoning
-from jumpahead.core.runner import complete_turn, prepare_turn
+from jumpahead.core.turn_runner import complete_turn, prepare_turn
 from jumpahead.core.script import ScriptedCall, ScriptTurn, render_turn, turn_tokens
 
 from jumpahead.core.turn import Message
