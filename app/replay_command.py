@@ -3,6 +3,8 @@
 Forced replay (default): `jumpahead replay SESSION... [--arms ordinary,strict,echo]`
 re-drives each session's last assistant turns through the engine under paired arms
 (traces/replay.py) and prints the `jumpahead.replay` JSON (also to --out).
+`--repeats N` runs the whole replay N times, each on fresh engines and empty caches,
+and adds means and intervals over the repeats (traces/repeats.py).
 
 Live replay: `jumpahead replay --live SESSION [--port P] [serve options]` serves the
 session's recorded assistant turns, in order, to a real client: the session becomes a
@@ -30,6 +32,10 @@ def _count(text: str) -> int:
     return serve.at_least(text, 0)
 
 
+def _repeats(text: str) -> int:
+    return serve.at_least(text, 1)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from jumpahead.traces.replay import DEFAULT_MAX_CONTEXT, DEFAULT_MAX_OUTPUT, DEFAULT_TURNS
 
@@ -52,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="render earlier assistant reasoning into prompts (<think>...</think>, as reasoning "
                              "models' templates do; the embedded template drops it), so reasoning compaction "
                              "and thinking clearing have something to remove (embedded default model only)")
+    parser.add_argument("--repeats", type=_repeats, default=1, metavar="N",
+                        help="run the whole replay N times, each on fresh engines with empty prefix caches, and "
+                             "add a `repeats` section: per arm, session and overall the per-repeat values, their "
+                             "mean with a 95%% interval, and the paired difference against ordinary with its "
+                             "p-value; token counts must be equal in every repeat (else exit 1) (default: 1: "
+                             "one replay, no section)")
     parser.add_argument("--out", default=None, metavar="FILE.json", help="also write the JSON here")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.add_argument("--live", action="store_true",
@@ -85,6 +97,8 @@ def _load(paths: list[str], fmt: str | None) -> list[Any]:
 
 def run(args: argparse.Namespace) -> int:
     if args.live:
+        if args.repeats != 1:
+            return _fail("--repeats applies to forced replay, not --live")
         return run_live(args)
     from jumpahead.traces.arms import ArmError, parse_arms
 
@@ -121,15 +135,26 @@ def run(args: argparse.Namespace) -> int:
         except TemplateError as exc:
             return _fail(str(exc))
     from jumpahead.engine.methods.registry import MethodError
+    from jumpahead.traces.repeats import RepeatMismatch, replay_repeated
 
+    def note_template(doc: dict[str, Any]) -> None:
+        if args.show_reasoning:
+            doc["options"]["template"] = "earlier reasoning shown (--show-reasoning)"
+
+    progress = None if args.quiet else (lambda total, turns: Progress(total, turns))
+    warn = lambda m: print(f"jumpahead replay: WARNING: {m}", file=sys.stderr)  # noqa: E731
     try:
-        doc = replay(sessions, options, loaded,
-                     progress=None if args.quiet else (lambda total, turns: Progress(total, turns)),
-                     warn=lambda m: print(f"jumpahead replay: WARNING: {m}", file=sys.stderr))
+        if args.repeats == 1:
+            doc = replay(sessions, options, loaded, progress=progress, warn=warn)
+            note_template(doc)
+        else:
+            doc = replay_repeated(sessions, options, loaded, args.repeats, progress=progress, warn=warn, say=say,
+                                  finish=note_template)
     except MethodError as exc:  # an arm runs method "drafter" and the drafter is not this model's
         return _fail(str(exc))
-    if args.show_reasoning:
-        doc["options"]["template"] = "earlier reasoning shown (--show-reasoning)"
+    except RepeatMismatch as exc:
+        print(f"jumpahead replay: ERROR: {exc}", file=sys.stderr)
+        return 1
     emit(doc, args.out)
     return 0
 

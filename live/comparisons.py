@@ -16,7 +16,7 @@ from __future__ import annotations
 from itertools import combinations
 from typing import Any
 
-from .intervals import bootstrap_mean, exact_binomial_p, holm, sign_flip_p
+from jumpahead.traces.intervals import bootstrap_mean, exact_binomial_p, holm, sign_flip_p
 
 ALPHA = 0.05
 RESAMPLES = 10000  # the corrected level reaches far into the tails: more resamples than per-arm CIs

@@ -55,9 +55,10 @@ from typing import Any
 import numpy as np
 
 from jumpahead.traces.accounting import RETRIES, correct_tokens, price, recovery_s, time_to_success
+from jumpahead.traces.intervals import BOOTSTRAP, bootstrap_mean, bootstrap_stat, wilson
+
 from .comparisons import compare_arms
 from .ground_truth import LOOP_REPEATS, OUTCOMES, longest_repeat, outcome_of
-from .intervals import BOOTSTRAP, bootstrap_mean, bootstrap_stat, wilson
 
 BASELINE = "ordinary"
 NOT_ARM_POLICIES = ("fit",)  # run by every arm of the default model

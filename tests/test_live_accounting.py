@@ -247,7 +247,7 @@ def test_every_figure_read_has_an_interval() -> None:
 
 
 def test_holm_and_the_sign_flip_test() -> None:
-    from jumpahead.live.intervals import holm, sign_flip_p
+    from jumpahead.traces.intervals import holm, sign_flip_p
 
     # three pairs, all the same sign: 2 of the 8 sign patterns are as extreme
     assert sign_flip_p([1.0, 2.0, 3.0]) == pytest.approx(0.25)
@@ -274,7 +274,7 @@ def test_arms_are_compared_pairwise_with_holms_correction() -> None:
     average but seed by seed they scatter (no difference). The Holm-adjusted p-values
     follow the raw ones; the text claims only the difference that holds."""
     from jumpahead.research import writeup_text as wt
-    from jumpahead.live.intervals import holm
+    from jumpahead.traces.intervals import holm
 
     rng = np.random.default_rng(7)
     jump = list(0.6 + rng.normal(0, 0.05, 20))

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
 import statistics
 import time
 from collections.abc import Callable
@@ -77,6 +78,10 @@ class ReplayOptions:
     # the drafter folder for arms that run method "drafter" (None: the one shipped for
     # the default model); arms without it never load one
     drafter: str | None = None
+    # each arm's turn entry also carries "prompt_digest" (a hash of the prompt's token
+    # ids after the arm's policies), so two arms' prompts can be compared exactly
+    # (traces/repeats.py: an arm's first context edit); off, the JSON is as before
+    prompt_digests: bool = False
 
 
 @dataclass
@@ -218,6 +223,7 @@ class ArmTurn:
     diverged_at: int | None = None
     wrong_tokens: int = 0
     policy_notes: list[dict[str, Any]] = field(default_factory=list)
+    prompt_digest: str = ""
 
     @property
     def measured_s(self) -> float:
@@ -274,7 +280,13 @@ async def run_arm_turn(engine: Engine, arm: Arm, hooks: list[Any], plan: Planned
         kinds=list(prepared.output_kinds), round_sizes=sizes, round_s=round_s, round_propose_s=round_propose,
         diverged_at=forced.diverged_at, wrong_tokens=len(forced.wrong),
         policy_notes=list(exchange.notes.get("interventions", [])),
+        prompt_digest=prompt_digest(prepared.request.prompt),
     )
+
+
+def prompt_digest(tokens: list[int]) -> str:
+    """A short hash of a prompt's token ids (equal prompts, equal digests)."""
+    return hashlib.sha256(",".join(map(str, tokens)).encode()).hexdigest()[:16]
 
 
 def arm_order(arms: list[Arm], turn: int) -> list[Arm]:
@@ -468,6 +480,8 @@ class Replayer:
             for arm in arms:
                 m = measured[arm.name]
                 entry["arms"][arm.name] = arm_json(m, plain_s, len(plan.tokens))
+                if self.options.prompt_digests:
+                    entry["arms"][arm.name]["prompt_digest"] = m.prompt_digest
                 _add_totals(totals[arm.name], entry["arms"][arm.name])
                 if not m.identical and not m.diverged:
                     self._loud(f"session {session.id} turn {plan.index}: arm {arm.name} emitted tokens that differ "

@@ -1,8 +1,11 @@
-"""Intervals for every number a live run's summary reports (numpy only, seeded, so a
-rebuild from the same records gives the same bounds).
+"""Intervals for every number a live run's summary reports (live/summary.py,
+live/comparisons.py) and for forced replay's repeats (traces/repeats.py): numpy only,
+seeded, so a rebuild from the same records gives the same bounds. It sits in traces/
+so both layers reach it (live/ imports from traces/, not the other way).
 
 - wilson: a proportion's Wilson score interval (success, wrong-jump rate);
-- bootstrap_mean: a per-task mean with a percentile bootstrap CI over tasks (seeds);
+- bootstrap_mean: a mean with a percentile bootstrap CI over its units (tasks or seeds
+  of a live run, repeats of a replay);
 - bootstrap_stat: any statistic of resampled task rows (a ratio such as cost per
   recovery or the break-even frequency), resamples where it is undefined left out and
   counted;
