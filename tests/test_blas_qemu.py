@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 CHOICE = """
 import json, jumpahead.engine
-from jumpahead.engine import blas
+from jumpahead.engine.machine import blas
 import mlx.core as mx, numpy as np
 a = np.random.default_rng(0).standard_normal((96, 200)).astype(np.float32)
 b = np.random.default_rng(1).standard_normal((200, 70)).astype(np.float32)
@@ -83,7 +83,7 @@ def test_the_probe_itself_catches_the_crash(tmp_path, monkeypatch):
 
 FORWARD = """
 import json, jumpahead.engine
-from jumpahead.engine import blas
+from jumpahead.engine.machine import blas
 from jumpahead.engine.model.loader import load_model
 import mlx.core as mx
 model, tok, info = load_model(None, progress=lambda s: None)
