@@ -36,7 +36,7 @@ from typing import Any
 
 from .arms import BASELINE
 from .intervals import bootstrap_mean, sign_flip_p
-from .replay import ReplayOptions, replay
+from .replay import ReplayOptions, cache_hit_rate, prefilled_tokens, replay
 from .session import Session
 
 TIMES = ("model_s", "prefill_s", "decode_s", "later_decode_s")
@@ -88,9 +88,9 @@ def session_values(report: dict[str, Any], arms: list[str]) -> dict[str, dict[st
         prompt = sum(e["prompt_tokens"] for e in mine)
         cached = sum(e["cached_tokens"] for e in mine)
         v: dict[str, Any] = {q: round(sum(e[q] for e in mine), 6) for q in ("model_s", "prefill_s", "decode_s")}
-        v.update(prompt_tokens=prompt, cached_tokens=cached, prefilled_tokens=prompt - cached,
-                 cache_hit_rate=round(cached / prompt, 6) if prompt else 0.0,
-                 reread_tokens=sum(max(0, _prefilled(a) - _prefilled(b)) for a, b in zip(mine, base)))
+        summed = {"prompt_tokens": prompt, "cached_tokens": cached}
+        v.update(summed, prefilled_tokens=prefilled_tokens(summed), cache_hit_rate=cache_hit_rate(summed, 6),
+                 reread_tokens=sum(max(0, prefilled_tokens(a) - prefilled_tokens(b)) for a, b in zip(mine, base)))
         k = edits[arm]
         later = turns[k + 1:] if k is not None else []
         v["later_turns"] = len(later)
@@ -99,10 +99,6 @@ def session_values(report: dict[str, Any], arms: list[str]) -> dict[str, dict[st
                                         if later else None)
         out[arm] = v
     return out
-
-
-def _prefilled(entry: dict[str, Any]) -> int:
-    return entry["prompt_tokens"] - entry["cached_tokens"]
 
 
 def overall_values(per_session: list[dict[str, dict[str, Any]]], arms: list[str]) -> dict[str, dict[str, Any]]:
@@ -114,7 +110,7 @@ def overall_values(per_session: list[dict[str, dict[str, Any]]], arms: list[str]
         v: dict[str, Any] = {q: round(sum(r[q] for r in rows), 6) for q in ("model_s", "prefill_s", "decode_s")}
         for q in ("prompt_tokens", "cached_tokens", "prefilled_tokens", "reread_tokens", "later_turns"):
             v[q] = sum(r[q] for r in rows)
-        v["cache_hit_rate"] = round(v["cached_tokens"] / v["prompt_tokens"], 6) if v["prompt_tokens"] else 0.0
+        v["cache_hit_rate"] = cache_hit_rate(v, 6)
         for q in ("later_decode_s", "later_decode_ordinary_s"):
             known = [r[q] for r in rows if r[q] is not None]
             v[q] = round(sum(known), 6) if known else None

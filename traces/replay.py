@@ -34,7 +34,7 @@ import copy
 import hashlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -361,6 +361,16 @@ def arm_json(arm: ArmTurn, plain_s: float, record_len: int) -> dict[str, Any]:
 # --- aggregation ---------------------------------------------------------------------------
 
 
+def prefilled_tokens(entry: Mapping[str, Any]) -> int:
+    """The one definition: prompt tokens the engine computed (not served from the cache)."""
+    return entry["prompt_tokens"] - entry["cached_tokens"]
+
+
+def cache_hit_rate(entry: Mapping[str, Any], digits: int = 4) -> float:
+    """Cached share of the prompt tokens (0 for an empty prompt)."""
+    return round(entry["cached_tokens"] / entry["prompt_tokens"], digits) if entry["prompt_tokens"] else 0.0
+
+
 def _add_totals(totals: dict[str, Any], entry: dict[str, Any]) -> None:
     for key in ("prefill_s", "decode_s", "model_s"):
         totals[key] = round(totals.get(key, 0.0) + entry[key], 6)
@@ -376,8 +386,8 @@ def _add_totals(totals: dict[str, Any], entry: dict[str, Any]) -> None:
     # masking) trades fewer prompt tokens for cache misses after its edit point.
     for key in ("prompt_tokens", "cached_tokens"):
         totals[key] = totals.get(key, 0) + entry[key]
-    totals["prefilled_tokens"] = totals["prompt_tokens"] - totals["cached_tokens"]
-    totals["cache_hit_rate"] = round(totals["cached_tokens"] / totals["prompt_tokens"], 4) if totals["prompt_tokens"] else 0.0
+    totals["prefilled_tokens"] = prefilled_tokens(totals)
+    totals["cache_hit_rate"] = cache_hit_rate(totals)
     totals["turns"] = totals.get("turns", 0) + 1
     totals["identical_turns"] = totals.get("identical_turns", 0) + int(entry["identical"])
     totals["diverged_turns"] = totals.get("diverged_turns", 0) + int(entry["diverged"])
