@@ -37,6 +37,7 @@ DEFAULT_TASKS = 10
 DEFAULT_SPLIT = "heldout"
 SERVE_START_TIMEOUT_S = 600.0
 STARTING_AT_ONCE = 3
+PARTIAL = "tasks.partial.jsonl"  # records of seeds a --resume runs again (kept, not summarized)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,8 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "drafter folder that arm loaded (measured.json), where serve reads whether the "
                              "drafter pays and so joins its default methods")
     parser.add_argument("--resume", action="store_true",
-                        help="keep the tasks OUT/tasks.jsonl already holds and run only the others "
-                             "(same --tasks, --arms and seeds)")
+                        help="keep the seeds OUT/tasks.jsonl holds in every arm and run the others (a seed "
+                             "with only some arms done runs again in full, so a seed's arms always share a "
+                             "pass and a machine; same --tasks, --arms and seeds); each pass's commit and "
+                             "machine are recorded")
 
 
 @dataclass
@@ -271,6 +274,7 @@ class Run:
         self.servers: dict[str, Any] = {}
         self.served: dict[str, Any] = {}  # per arm, what its server reports (/health), in the order they came up
         self.done = 0
+        self.pass_index = 0
         self._recorded = threading.Condition(self._lock)  # notified as each record is appended
 
     def ordinary_record(self, seed: int, timeout_s: float) -> dict[str, Any] | None:
@@ -363,6 +367,7 @@ class Run:
             client.close()
         doc = record.to_json()
         doc["job"] = index
+        doc["pass"] = self.pass_index
         with self._lock:
             self.records.append(doc)
             with (self.out / "tasks.jsonl").open("a") as fh:
@@ -389,25 +394,55 @@ class Run:
         except (KeyError, ValueError, TypeError):
             return 0.0
 
+    def _resume(self, path: Path) -> set[tuple[str, int]]:
+        """Keep the earlier passes' records of whole seeds (every arm of the seed done) and
+        return their (arm, seed) jobs. A seed with only some arms done is run again in full
+        in this pass: arms are compared by seed, and a seed whose arms ran in different
+        passes (another session, another CPU, another load) would compare machines, not
+        arms. The records set aside that way go to tasks.partial.jsonl, not lost."""
+        names = {a.name for a in self.o.arms}
+        kept: dict[tuple[str, int], dict[str, Any]] = {}
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a kill
+            key = (rec.get("arm"), rec.get("seed"))
+            if key[0] in names and key[1] in self.o.seeds and key not in kept:
+                kept[key] = rec
+        whole = {seed for seed in self.o.seeds if all((name, seed) in kept for name in names)}
+        partial = [rec for (arm, seed), rec in kept.items() if seed not in whole]
+        if partial:
+            with (self.out / PARTIAL).open("a") as fh:
+                fh.writelines(json.dumps(r) + "\n" for r in partial)
+        self.records = [rec for (arm, seed), rec in kept.items() if seed in whole]
+        self.log(f"live: resuming, {len(whole)} seeds done in every arm ({len(self.records)} tasks); "
+                 f"{len(partial)} tasks of unfinished seeds set aside in {PARTIAL} and run again")
+        return {key for key in kept if key[1] in whole}
+
+    def _passes(self) -> list[dict[str, Any]]:
+        """The passes before this one (a run made before passes were recorded counts as one)."""
+        earlier = self._earlier_run()
+        passes = earlier.get("passes")
+        if isinstance(passes, list):
+            return list(passes)
+        if self.records:
+            return [{k: earlier.get(k) for k in ("commit", "dirty", "machine", "finished_utc", "wall_s")}]
+        return []
+
     def run(self) -> dict[str, Any]:
         self.out.mkdir(parents=True, exist_ok=True)
         done: set[tuple[str, int]] = set()
         path = self.out / "tasks.jsonl"
         if self.o.resume and path.exists():
-            names = {a.name for a in self.o.arms}
-            for line in path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut by a kill
-                if rec.get("arm") in names and rec.get("seed") in self.o.seeds and (rec["arm"], rec["seed"]) not in done:
-                    done.add((rec["arm"], rec["seed"]))
-                    self.records.append(rec)
-            self.log(f"live: resuming, {len(done)} tasks already done")
+            done = self._resume(path)
         path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+        passes = self._passes() if self.o.resume else []
+        self.pass_index = len(passes)
         self.done = len(self.records)
         todo = [(i, job) for i, job in enumerate(jobs(self.o.seeds, self.o.arms)) if (job[1].name, job[0]) not in done]
         earlier_s = self._earlier_wall_s() if self.o.resume else 0.0
+        started_utc = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
         started = time.perf_counter()
         try:
             if todo:
@@ -431,6 +466,10 @@ class Run:
             self.stop_servers()
         arm_names = [a.name for a in self.o.arms]
         self.records.sort(key=lambda r: r["job"])
+        finished_utc = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+        this_pass = {**git_commit(), "machine": machine(), "started_utc": started_utc, "finished_utc": finished_utc,
+                     "wall_s": round(time.perf_counter() - started, 3),
+                     "tasks": sum(1 for r in self.records if r.get("pass", 0) == self.pass_index)}
         run_info = {"tasks_per_arm": len(self.o.seeds), "seeds": self.o.seeds, "kinds": self.o.kinds,
                     "adapter": self.o.adapter, "model": self.o.model, "concurrency": self.o.concurrency,
                     "arms": {a.name: {"serve_args": a.serve_args(), "request": a.request_field(),
@@ -448,7 +487,10 @@ class Run:
                     "machine": machine(),
                     **git_commit(),
                     "records": "tasks.jsonl",
-                    "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+                    # each pass of a --resume'd run: its commit, machine and the tasks it ran
+                    # (records carry their pass); a seed's arms always ran in one pass
+                    "passes": [*passes, this_pass],
+                    "finished_utc": finished_utc,
                     # every pass's wall time: a --resume pass adds to the earlier ones
                     "wall_s": round(earlier_s + time.perf_counter() - started, 3)}
         summary = write_outputs(self.out, self.records, arm_names, run_info, self.log)

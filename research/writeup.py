@@ -158,6 +158,14 @@ def _run_section(summary: dict[str, Any], command: str) -> list[str]:
                                  if run.get("commit") else "commit not recorded (no git where it ran)")
                      + ("; the raw per-task records are kept with the run (tasks.jsonl; tasks.jsonl.gz next to this "
                         "page), and this summary is rebuilt from them" if run.get("records") else ""))
+    passes = run.get("passes") or []
+    if len(passes) > 1:  # a --resume'd run: each seed's arms ran in one pass, on that pass's machine
+        facts.append(f"run in {wt.num(len(passes))} passes (`--resume`; every seed's arms in one pass): " + "; ".join(
+            f"pass {i}: {wt.num(p.get('tasks')) + ' tasks, ' if p.get('tasks') is not None else ''}"
+            f"{(p.get('machine') or {}).get('cpu_model') or 'CPU not recorded'}, "
+            + (f"commit `{p['commit'][:12]}`" + (" with uncommitted changes" if p.get("dirty") else "")
+               if p.get("commit") else "commit not recorded")
+            for i, p in enumerate(passes)))
     facts.append(f"tasks in flight: {wt.num(run.get('concurrency'))}; run wall time {wt.num(run.get('wall_s'), 1)} s"
                  + (f", finished {run['finished_utc']} UTC" if run.get("finished_utc") else ""))
     facts.append(f"plain round (the ordinary arm's median one-token decode round): "

@@ -296,7 +296,42 @@ def test_resume_keeps_done_tasks_and_runs_none_twice(tmp_path) -> None:
     assert len((tmp_path / "tasks.jsonl").read_text().splitlines()) == 4
     # a pass that ran nothing adds (next to) nothing to the earlier pass's wall time
     assert 2520.5 <= summary["run"]["wall_s"] < 2530
+    # the earlier run (before passes were recorded) is pass 0; this pass ran no task
+    assert [p["tasks"] for p in summary["run"]["passes"][1:]] == [0] and len(summary["run"]["passes"]) == 2
     assert summary["per_arm"]["echo"]["successes"] == 1 and summary["per_arm"]["echo"]["tasks"] == 2
+
+
+@pytest.mark.timeout(400)
+def test_resume_runs_an_unfinished_seed_again_in_full_and_records_each_pass(tmp_path, tiny_model_dir) -> None:
+    """A seed whose arms did not all finish is run again in every arm in the new pass
+    (paired arms must share a pass: another session may be another CPU), its old records
+    set aside, not lost; every record names its pass and the run lists each pass's
+    commit and machine. Real servers of the tiny model run the unfinished seed."""
+    from jumpahead.live.agent import AgentOptions
+    from jumpahead.live.command import PARTIAL, LiveOptions, run_live
+    from jumpahead.live.world import split_seeds
+
+    arms = parse_live_arms("echo")
+    seeds = split_seeds("heldout", 2)
+    earlier = [dict(_rec(a.name, s, False, 1.0, [_turn(1.0, 0.1, 1.0, PLAIN, 11, 11)]), job=i)
+               for i, (s, a) in enumerate([(seeds[0], arms[0]), (seeds[0], arms[1]), (seeds[1], arms[1])])]
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in earlier))
+    first_pass = {"commit": "0" * 40, "dirty": False, "machine": {"cpu_model": "an earlier CPU", "cpus": 2},
+                  "finished_utc": "2026-12-01 00:00:00", "wall_s": 100.0}
+    (tmp_path / "summary.json").write_text(json.dumps({"run": {**first_pass, "records": "tasks.jsonl"}}))
+    summary = run_live(LiveOptions(arms=arms, seeds=seeds, out=tmp_path, quiet=True, resume=True,
+                                   model=str(tiny_model_dir),
+                                   agent=AgentOptions(max_steps=1, max_tokens=4, timeout_s=60)))
+    lines = [json.loads(x) for x in (tmp_path / "tasks.jsonl").read_text().splitlines()]
+    assert sorted((r["arm"], r["seed"]) for r in lines) == sorted((a.name, s) for a in arms for s in seeds)
+    by_seed = {s: {r.get("pass", 0) for r in lines if r["seed"] == s} for s in seeds}
+    assert by_seed == {seeds[0]: {0}, seeds[1]: {1}}  # the unfinished seed ran again, both arms in pass 1
+    set_aside = [json.loads(x) for x in (tmp_path / PARTIAL).read_text().splitlines()]
+    assert [(r["arm"], r["seed"]) for r in set_aside] == [(arms[1].name, seeds[1])]
+    passes = summary["run"]["passes"]
+    assert len(passes) == 2 and passes[0]["machine"]["cpu_model"] == "an earlier CPU"
+    assert passes[1]["tasks"] == 2 and passes[1]["machine"]["cpus"] >= 1 and "commit" in passes[1]
+    assert summary["per_arm"]["echo"]["tasks"] == 2
 
 
 def test_cli_unknown_arm_and_kind(capsys) -> None:

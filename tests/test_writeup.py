@@ -192,6 +192,17 @@ def test_a_summary_without_run_details_still_renders() -> None:
     assert all(f"| {arm} |" in page for arm in s["arms"])
 
 
+def test_a_run_in_several_passes_names_each_pass_machine_and_commit() -> None:
+    s = _summary()
+    assert "passes (`--resume`" not in render(s)  # one pass: the run's own commit and machine say it
+    s["run"]["passes"] = [{"commit": "a" * 40, "dirty": False, "machine": {"cpu_model": "AMD EPYC"}, "tasks": 40},
+                          {"commit": "b" * 40, "dirty": True, "machine": {"cpu_model": "Intel Xeon"}, "tasks": 24}]
+    page = render(s)
+    assert "run in 2 passes (`--resume`; every seed's arms in one pass)" in page
+    assert "pass 0: 40 tasks, AMD EPYC, commit `aaaaaaaaaaaa`" in page
+    assert "pass 1: 24 tasks, Intel Xeon, commit `bbbbbbbbbbbb` with uncommitted changes" in page
+
+
 def test_a_large_summary_is_copied_without_its_accounts() -> None:
     s = _summary()
     assert json.loads(copy_text(s)) == s  # small: whole
