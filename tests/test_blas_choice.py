@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,114 @@ def test_doctor_reports_the_choice_and_measures(tmp_path):
     text = subprocess.run([sys.executable, "-m", "jumpahead.app.cli", "doctor", "--no-model"], capture_output=True,
                           text=True, env=env, timeout=300, cwd=tmp_path)
     assert text.returncode == 0 and text.stdout.startswith("cpu ") and "blas " in text.stdout
+
+
+# Row-consistency (engine/machine/blas_probe.py `row_consistency`, blas.py `row_verdict`): a row's
+# bits must not depend on how many rows the sgemm call carries, or a row decoded alone differs
+# from the same row in a batch, a verify round or prefill.
+REFERENCE_BLAS = sorted(Path(sysconfig.get_paths()["platlib"], "mlx_cpu.libs").glob("libblas*.so*"))
+WHEEL_OPENBLAS = sorted(Path(sysconfig.get_paths()["platlib"], "cmeel.prefix", "lib").glob("libopenblas.so.0"))
+SYSTEM_OPENBLAS = [Path(p) for p in ("/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0",
+                                     "/usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0") if os.path.exists(p)]
+PROBE = Path(blas.__file__).with_name("blas_probe.py")
+
+
+def _probe_check(path: Path) -> dict:
+    done = subprocess.run([sys.executable, "-I", str(PROBE), "check", str(path), "nospeed"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["stage"] == "check" and result["failures"] == [], result
+    return result
+
+
+def _runnable(path: Path) -> bool:
+    if path in WHEEL_OPENBLAS and "AVX512F" not in blas.cpu_features():
+        return False  # the SKYLAKEX-only wheel dies with SIGILL here (tests/test_blas_qemu.py covers that)
+    return True
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the BLAS choice is Linux-only")
+@pytest.mark.parametrize("path", REFERENCE_BLAS + WHEEL_OPENBLAS + SYSTEM_OPENBLAS, ids=lambda p: p.parent.name + "/" + p.name)
+def test_probe_reports_row_consistency_of_both_layouts_on_the_real_libraries(path):
+    """The real probe in a child on every library here: both layouts reported, with the largest
+    difference and the first one found; MLX's reference BLAS (plain loops, one summation order
+    whatever M) is the positive control."""
+    if not _runnable(path):
+        pytest.skip("this CPU cannot run this build")
+    result = _probe_check(path)
+    assert set(result["row_consistent"]) == {"nt", "nn"}
+    for layout in ("nt", "nn"):
+        ok, diff, detail = result["row_consistent"][layout], result["row_max_diff"][layout], result["row_detail"][layout]
+        if ok:
+            assert diff == 0.0 and detail is None
+        else:
+            assert 0.0 < diff < 1e-2, "a summation-order difference, not a wrong product (check() would fail)"
+            assert detail.startswith("row ") and ("x @ W.T" if layout == "nt" else "x @ W (") in detail
+    if path in REFERENCE_BLAS:
+        assert result["row_consistent"] == {"nt": True, "nn": True}, result["row_detail"]
+    print(path, result["row_consistent"], result["row_max_diff"], result["row_detail"])
+
+
+def test_row_mismatch_detects_a_real_summation_order_difference():
+    """The probe's comparison on two real float32 products summed in different orders: numpy's
+    BLAS (blocked, vectorized) and a sequential sum over K."""
+    from jumpahead.engine.machine.blas_probe import row_mismatch
+
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(1536, dtype=np.float32)
+    w = rng.standard_normal((1536, 576), dtype=np.float32)
+    blocked = x @ w
+    sequential = np.cumsum(x[:, None] * w, axis=0, dtype=np.float32)[-1]
+    assert not np.array_equal(blocked, sequential), "the two orders must round differently somewhere"
+    d = row_mismatch(blocked, sequential)
+    assert d is not None and d == pytest.approx(float(np.abs(blocked.astype(np.float64) - sequential).max()))
+    assert 0 < d < 1e-2
+    assert row_mismatch(blocked, blocked.copy()) is None
+    assert row_mismatch(np.float32([0.0, 1.0]), np.float32([-0.0, 1.0])) is not None  # bits, not ==
+    assert row_mismatch(np.float32([np.nan]), np.float32([1.0])) == float("inf")
+
+
+_INCONSISTENT_NT = {"row_consistent": {"nt": False, "nn": True}, "row_max_diff": {"nt": 4.6e-05, "nn": 0.0},
+                    "row_detail": {"nt": "row 0 alone differs from row 0 of M=4 by 4.6e-05 for x @ W.T (K=576, N=1536)",
+                                   "nn": None}}
+
+
+def test_row_verdict_refuses_a_layout_the_engine_runs_when_required_and_warns_otherwise(monkeypatch):
+    refuse, warnings = blas.row_verdict(_INCONSISTENT_NT, require=True)
+    assert refuse == "not row-consistent: row 0 alone differs from row 0 of M=4 by 4.6e-05 for x @ W.T (K=576, N=1536)"
+    assert warnings == []
+    refuse, warnings = blas.row_verdict(_INCONSISTENT_NT, require=False)
+    assert refuse is None and len(warnings) == 1 and "x @ W.T" in warnings[0] and "nn.Linear" in warnings[0]
+    nn_only = {"row_consistent": {"nt": True, "nn": False}, "row_detail": {"nt": None, "nn": "row 1 ... x @ W"}}
+    assert blas.row_verdict(nn_only, require=True)[0] == "not row-consistent: row 1 ... x @ W"  # probs @ v runs it
+    assert blas.row_verdict({"row_consistent": {"nt": True, "nn": True}}, require=True) == (None, [])
+    assert blas.row_verdict({}, require=True) == (None, [])  # an older probe's result: nothing to judge
+    monkeypatch.setenv("JUMPAHEAD_BLAS_ROWS", "require")
+    assert blas.row_verdict(_INCONSISTENT_NT)[0] is not None
+    monkeypatch.setenv("JUMPAHEAD_BLAS_ROWS", "warn")
+    assert blas.row_verdict(_INCONSISTENT_NT)[0] is None
+
+
+@pytest.mark.skipif(sys.platform != "linux" or not SYSTEM_OPENBLAS + REFERENCE_BLAS, reason="no library to probe")
+def test_examine_applies_the_row_verdict_to_the_real_probe(tmp_path, monkeypatch):
+    """examine() on a real library: the probe's row result is kept (and cached), and the verdict
+    follows $JUMPAHEAD_BLAS_ROWS on the cached result without probing again."""
+    monkeypatch.setenv("JUMPAHEAD_BLAS_CACHE", str(tmp_path / "cache.json"))
+    path = str((SYSTEM_OPENBLAS or REFERENCE_BLAS)[0])
+    monkeypatch.setenv("JUMPAHEAD_BLAS_ROWS", "warn")
+    warned = blas.examine(blas.Candidate(path, "JUMPAHEAD_BLAS"), blas.cpu_features())
+    assert warned.accepted, warned.reason
+    rows = warned.rows["row_consistent"]
+    assert set(rows) == {"nt", "nn"}
+    assert len(warned.warnings) == sum(not ok for ok in rows.values())
+    cached = json.loads((tmp_path / "cache.json").read_text())
+    assert [e["rows"] for e in cached.values()] == [warned.rows]
+    monkeypatch.setenv("JUMPAHEAD_BLAS_ROWS", "require")
+    strict = blas.examine(blas.Candidate(path, "JUMPAHEAD_BLAS"), blas.cpu_features())
+    if all(rows.values()):
+        assert strict.accepted
+    else:
+        assert not strict.accepted and strict.reason.startswith("not row-consistent: row ")

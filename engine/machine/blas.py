@@ -13,7 +13,9 @@ built for instructions this CPU lacks dies with SIGILL in the first matmul: the
    the host says): `DYNAMIC_ARCH` builds and BLIS pick kernels at run time; a
    single-target OpenBLAS needs its core's features (`decide`);
 3. as a safety net the child runs the calls MLX makes against a float64 reference and
-   times them; a crash there is a rejection, not ours;
+   times them; a crash there is a rejection, not ours; it also checks that cblas_sgemm
+   is row-consistent (a row's bits do not depend on the call's row count M) in the two
+   layouts the engine runs, whose verdict `row_verdict` draws;
 4. the fastest accepted candidate is bound (a clear margin is needed to displace the
    preferred order: user's, system OpenBLAS, system BLIS, wheel); none accepted means the
    reference BLAS with a loud warning.
@@ -42,7 +44,7 @@ from .home import jumpahead_home
 
 log = logging.getLogger("jumpahead.engine.machine.blas")
 
-PROBE_VERSION = 2  # bump when blas_probe.py's checks change: cached verdicts are redone
+PROBE_VERSION = 3  # bump when blas_probe.py's checks change: cached verdicts are redone
 PROBE_TIMEOUT_S = 180.0  # an emulated CPU (qemu) runs the probe ~20x slower
 DISPLACE_MARGIN = 1.25  # a later candidate must be this much faster to displace an earlier one
 
@@ -62,6 +64,52 @@ CORE_FEATURES: dict[str, set[str]] = {
     "HASWELL": _AVX2, "ZEN": _AVX2, "SKYLAKEX": _SKX, "COOPERLAKE": _SKX | {"AVX512BF16"},
     "SAPPHIRERAPIDS": _SKX | {"AVX512BF16", "AVX512FP16"},
 }
+
+
+# The cblas_sgemm layouts the engine runs on the CPU, and where (mlx/backend/cpu/gemms/
+# cblas.cpp passes MLX's strides as transpose flags). Both are on the decode path: every
+# row-consistency failure in them can change a row's bits between decoding alone, a
+# batch, a verify round and a prefill chunk.
+ENGINE_LAYOUTS = {
+    "nt": "x @ W.T: nn.Linear (weights N x K), tied embeddings' as_linear, attention's q @ k.T",
+    "nn": "x @ W: attention's probs @ v (engine/kv/attention.py, mx.fast.scaled_dot_product_attention's CPU fallback)",
+}
+# A candidate that is not row-consistent in a layout the engine runs is refused where this
+# is True (`$JUMPAHEAD_BLAS_ROWS=require` sets it, `=warn` clears it); otherwise accepted with a
+# warning. Measured on the development machine (tests/test_blas_choice.py prints it): both
+# OpenBLAS builds there (Debian 0.3.21 DYNAMIC_ARCH, the cmeel 0.3.31 SKYLAKEX wheel) fail both layouts
+# (e.g. K=1536, N=576: M=1 differs from M>=2 by ~5e-5; K=576, N=192: M<=6 from M>=7),
+# while MLX's bundled reference BLAS is row-consistent but ~19x slower, so refusing is
+# left to the choice of whoever runs the server.
+REQUIRE_ROW_CONSISTENT = False
+
+
+def _require_rows() -> bool:
+    mode = os.environ.get("JUMPAHEAD_BLAS_ROWS", "").strip().lower()
+    return mode == "require" if mode in ("require", "warn") else REQUIRE_ROW_CONSISTENT
+
+
+def row_verdict(result: dict, require: bool | None = None) -> tuple[str | None, list[str]]:
+    """From a probe's check result: (the reason to refuse, or None; warnings). A layout the
+    engine runs (ENGINE_LAYOUTS) that is not row-consistent refuses where `require` (default:
+    `_require_rows()`), else warns; one it does not run only warns. A result without the
+    row check (an older probe) refuses nothing."""
+    require = _require_rows() if require is None else require
+    consistent = result.get("row_consistent") or {}
+    details = result.get("row_detail") or {}
+    refuse: list[str] = []
+    warnings: list[str] = []
+    for layout, ok in consistent.items():
+        if ok:
+            continue
+        detail = details.get(layout) or f"rows differ for layout {layout}"
+        if layout in ENGINE_LAYOUTS and require:
+            refuse.append(detail)
+        else:
+            used = f" (the engine runs it: {ENGINE_LAYOUTS[layout]})" if layout in ENGINE_LAYOUTS else ""
+            warnings.append(f"not row-consistent: {detail}{used}; a row decoded alone may differ in its last bits "
+                            "from the same row in a batch, a verify round or prefill")
+    return ("not row-consistent: " + "; ".join(refuse) if refuse else None), warnings
 
 
 def cpu_features() -> frozenset[str]:
@@ -116,6 +164,8 @@ class Candidate:
     reason: str = ""
     build: dict = field(default_factory=dict)
     speed: dict = field(default_factory=dict)
+    rows: dict = field(default_factory=dict)  # the probe's row_consistent / row_max_diff / row_detail
+    warnings: list[str] = field(default_factory=list)
 
 
 def _multiarch_dirs() -> list[str]:
@@ -226,7 +276,8 @@ def examine(c: Candidate, features: frozenset[str], threads: int | None = None, 
         return c
     if use_cache and (hit := _read_cache().get(key)):  # $JUMPAHEAD_BLAS_REPROBE: read nothing, write anew
         c.accepted, c.reason, c.build, c.speed = hit["accepted"], hit["reason"], hit["build"], hit["speed"]
-        return c
+        c.rows = hit.get("rows", {})
+        return _apply_rows(c)
     rc, lines, err = _run_probe("info", c.path, threads)
     if rc != 0 or not lines:
         c.accepted, c.reason = False, "cannot be opened: " + _exit_reason(rc, err)
@@ -243,8 +294,20 @@ def examine(c: Candidate, features: frozenset[str], threads: int | None = None, 
                 c.accepted, c.reason = False, "wrong results: " + "; ".join(result["failures"])
             else:
                 c.speed = {k: result[k] for k in ("gflops", "decode_gflops", "prefill_gflops", "mix_ms") if k in result}
+                c.rows = {k: result[k] for k in ("row_consistent", "row_max_diff", "row_detail") if k in result}
     if rc != -999:  # a timeout says the machine was busy, not that the library is bad
-        _write_cache(key, {"accepted": c.accepted, "reason": c.reason, "build": c.build, "speed": c.speed})
+        _write_cache(key, {"accepted": c.accepted, "reason": c.reason, "build": c.build, "speed": c.speed,
+                           "rows": c.rows})
+    return _apply_rows(c)
+
+
+def _apply_rows(c: Candidate) -> Candidate:
+    """The row-consistency verdict on an accepted candidate (applied after the cache, so
+    `$JUMPAHEAD_BLAS_ROWS` takes effect without a new probe)."""
+    if c.accepted and c.rows:
+        refuse, c.warnings = row_verdict(c.rows)
+        if refuse:
+            c.accepted, c.reason = False, refuse
     return c
 
 
@@ -333,6 +396,9 @@ def load_optimized_blas() -> str | None:
     _state.library = Path(os.path.realpath(chosen.path)).name
     _state.path, _state.origin, _state.build, _state.speed = chosen.path, chosen.origin, chosen.build, chosen.speed
     _state.note = f"{chosen.origin}: {chosen.reason}"
+    for message in chosen.warnings:  # in /health's and `doctor --json`'s blas.warnings; not on stderr at every start
+        _state.warnings.append(f"{_state.library}: {message}")
+        log.info("%s: %s", _state.library, message)
     _state.max_threads = chosen.build.get("max_threads")
     set_blas_threads(threads)
     return chosen.path

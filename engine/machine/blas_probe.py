@@ -10,7 +10,9 @@ library under test, which is opened RTLD_LOCAL.
 MODE `info` prints the build (OpenBLAS config and core, BLIS version and kernel set).
 MODE `check` also runs the calls MLX makes (cblas_sgemm with beta != 0 in every
 transpose, cblas_dgemm, cblas_cgemm; LAPACK's Fortran sgemm_; sgemv) against a float64
-reference, then times GEMMs (`speed`). One JSON object on stdout; a crash is an exit status.
+reference, checks that cblas_sgemm is row-consistent (`row_consistency`: a row's bits do
+not depend on how many rows M the call carries), then times GEMMs (`speed`). One JSON
+object on stdout; a crash is an exit status.
 """
 
 from __future__ import annotations
@@ -139,6 +141,79 @@ def check(lib: ctypes.CDLL) -> list[str]:
     return failures
 
 
+# Row-consistency: every exactness oracle of the engine compares a row computed alone
+# (decode, M = 1 per row) with the same row inside a batch (B rows), a verify round
+# (B * (1 + k) rows) or a prefill chunk (512 rows); that holds only if cblas_sgemm gives
+# a row the same bits whatever M is. OpenBLAS picks kernels by size (GEMV forwarding at
+# M = 1, small-matrix kernels below ~1e6 M*N*K, the blocked kernel above), and they sum
+# in different orders. Layouts as MLX passes them (mlx/backend/cpu/gemms/cblas.cpp):
+# "nt" = x @ W.T with W stored N x K (nn.Linear, tied embeddings' as_linear, attention's
+# q @ k.T), "nn" = x @ W (attention's probs @ v). (K, N): a small model's decode shapes
+# (SmolLM2-135M: hidden 576, MLP 1536, 3 KV heads x 64) and attention at ~1k keys.
+ROW_SHAPES = {"nt": [(576, 1536), (1536, 576), (576, 576), (576, 192), (64, 1031)],
+              "nn": [(576, 1536), (1536, 576), (576, 192), (1031, 64)]}
+ROW_COUNTS = (2, 3, 4, 8, 16, 512)  # decode batches, verify rounds, a prefill chunk
+LAYOUT_NAMES = {"nt": "x @ W.T", "nn": "x @ W"}
+
+
+def row_mismatch(alone, batched) -> float | None:
+    """None where two float32 rows have the same bits, else their largest difference
+    (inf where a NaN or infinity is in one and not the other)."""
+    import numpy as np
+
+    a, b = np.ascontiguousarray(alone, np.float32), np.ascontiguousarray(batched, np.float32)
+    if a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32)):
+        return None
+    if a.shape != b.shape:
+        return float("inf")
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    return float(diff.max()) if float(diff.max()) > 0 else float(np.finfo(np.float32).tiny)  # -0.0 vs 0.0
+
+
+def row_consistency(lib: ctypes.CDLL) -> dict:
+    """For each layout: do rows 0 and M // 2 of an M-row cblas_sgemm (M in ROW_COUNTS)
+    have the bits of the same row computed alone (M = 1)? Returns {layout: {"consistent",
+    "max_diff", "detail" (the first difference found, for a refusal's reason), "checked"}}."""
+    import numpy as np
+
+    sgemm = lib.cblas_sgemm
+    i, f, P = ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+    sgemm.argtypes = [i, i, i, i, i, i, f, P, i, P, i, f, P, i]
+    rng = np.random.default_rng(1)
+    m_max = max(ROW_COUNTS)
+    out: dict = {}
+    for layout, shapes in ROW_SHAPES.items():
+        tb = TRANS if layout == "nt" else NO_TRANS
+        worst, detail, checked = 0.0, None, 0
+        for k, n in shapes:
+            x = rng.standard_normal((m_max, k), dtype=np.float32)
+            w = rng.standard_normal((n, k) if tb == TRANS else (k, n), dtype=np.float32)
+
+            def product(rows, m):
+                c = np.empty((m, n), np.float32)
+                sgemm(ROW_MAJOR, NO_TRANS, tb, m, n, k, 1.0, rows.ctypes.data, k, w.ctypes.data, w.shape[1], 0.0,
+                      c.ctypes.data, n)
+                return c
+
+            alone: dict[int, object] = {}
+            for m in ROW_COUNTS:
+                batch = product(x, m)
+                for r in sorted({0, m // 2}):
+                    if r not in alone:
+                        alone[r] = product(np.ascontiguousarray(x[r:r + 1]), 1)[0]
+                    checked += 1
+                    d = row_mismatch(alone[r], batch[r])
+                    if d is not None:
+                        if detail is None:
+                            detail = (f"row {r} alone differs from row {r} of M={m} by {d:.2g} for "
+                                      f"{LAYOUT_NAMES[layout]} (K={k}, N={n})")
+                        worst = max(worst, d)
+        out[layout] = {"consistent": detail is None, "max_diff": worst, "detail": detail, "checked": checked}
+    return out
+
+
 def _best_time(sgemm, m: int, k: int, n: int, budget_s: float) -> float:
     import numpy as np
 
@@ -179,6 +254,11 @@ def main(argv: list[str]) -> int:
             out["failures"] = ["no CBLAS interface (MLX calls cblas_sgemm)"]
         else:
             out["failures"] = check(lib)
+            if not out["failures"]:
+                rows = row_consistency(lib)
+                out["row_consistent"] = {layout: r["consistent"] for layout, r in rows.items()}
+                out["row_max_diff"] = {layout: r["max_diff"] for layout, r in rows.items()}
+                out["row_detail"] = {layout: r["detail"] for layout, r in rows.items()}
             if not out["failures"] and len(argv) < 4:  # "nospeed": under an emulator timings mean nothing
                 out.update(speed(lib))
     sys.stdout.write(json.dumps({"stage": mode, **out}) + "\n")
