@@ -317,6 +317,8 @@ def _limits_section(summary: dict[str, Any]) -> list[str]:
              f"- One small model: {model}"
              + (f" with the `{run['adapter']}` LoRA adapter" if run.get("adapter") else "")
              + (f", on {wt.num(mach['cpus'])} CPU cores" if mach.get("cpus") else "")
+             + (f" ({mach['cpu_model']}" + (", no accelerator" if "cpu" in str(served.get("device")) else "") + ")"
+                if mach.get("cpu_model") else "")
              + ". Round times, and so D, P and H, are this machine's; a larger model on an accelerator has another "
                "plain round and another cost of carrying supplied tokens.",
              "- A synthetic task world (live/world.py): small file edits and commands with an independent check "

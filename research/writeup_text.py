@@ -285,9 +285,10 @@ def truth_sentence(summary: dict[str, Any], arm: str) -> str:
                  f"{num(base.get('wrong', 0))})" if more else " (as many as the ordinary arm)")
     if not n_tasks:
         return text + "; no task had a wrong call."
-    return (text + f"; of its {num(n_tasks)} tasks with a wrong call, {num(tasks.get('recovered', 0))} had the "
-            f"files repaired by a later call, {num(tasks.get('unrecovered', 0))} not repaired and "
-            f"{num(tasks.get('unnoticed', 0))} never noticed (no later call touched the files the wrong call changed).")
+    repaired, not_repaired, unnoticed = (int(_outcome_count(tasks, k) or 0) for k in OUTCOMES)
+    return (text + f"; of its {num(n_tasks)} tasks with a wrong call, {num(repaired)} had the "
+            f"files repaired by a later call, {num(not_repaired)} not repaired and "
+            f"{num(unnoticed)} never noticed (no later call touched the files the wrong call changed).")
 
 
 def ranking_sentence(summary: dict[str, Any], best: str, arms: list[str]) -> str:

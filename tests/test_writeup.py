@@ -203,6 +203,22 @@ def test_a_run_in_several_passes_names_each_pass_machine_and_commit() -> None:
     assert "pass 1: 24 tasks, Intel Xeon, commit `bbbbbbbbbbbb` with uncommitted changes" in page
 
 
+def test_the_ground_truth_sentence_says_what_its_table_says() -> None:
+    """Today's outcome keys (repaired / not_repaired / unnoticed) and the old ones
+    (recovered / unrecovered) give the same sentence, with the table's counts."""
+    from jumpahead.research.writeup_text import truth_sentence
+
+    def summary(tasks: dict) -> dict:
+        gt = {"calls": {"right": 9, "harmless": 1, "wrong": 7}, "tasks": tasks}
+        return {"per_arm": {"ordinary": {"ground_truth": {"calls": {"wrong": 3}, "tasks": {}}},
+                            "jump": {"ground_truth": gt}}}
+
+    today = truth_sentence(summary({"repaired": 1, "not_repaired": 5, "unnoticed": 10}), "jump")
+    assert ("of its 16 tasks with a wrong call, 1 had the files repaired by a later call, 5 not repaired and "
+            "10 never noticed") in today and "7 wrong calls (4 more than the ordinary arm's 3)" in today
+    assert truth_sentence(summary({"recovered": 1, "unrecovered": 5, "unnoticed": 10}), "jump") == today
+
+
 def test_a_large_summary_is_copied_without_its_accounts() -> None:
     s = _summary()
     assert json.loads(copy_text(s)) == s  # small: whole
