@@ -425,13 +425,19 @@ def _recovery(recs: dict[int, dict[str, Any]], acc: dict[int, dict[str, Any]], c
     cost_ci = bootstrap_stat(rows, _cost) if wrong_counted else {}
     even_ci = bootstrap_stat(rows, _breakeven) if wrong_counted and breakeven is not None else {}
     lo, hi = wilson(n_wrong, jumps)
+    with_wrong = sum(1 for a in acc.values() if a["wrong"])
+    recovered = sum(1 for s, a in acc.items() if a["wrong"] and recs[s]["success"])
+    r_lo, r_hi = wilson(recovered, with_wrong)
     return {"jump_interventions": jumps, "wrong": n_wrong,
             "unattributed": sum(a.get("unattributed", 0) for a in acc.values()),
             "wrong_rate": round(n_wrong / jumps, 4) if jumps else None,
             "wrong_rate_ci95": [round(lo, 4), round(hi, 4)] if jumps else None,
-            "tasks_with_wrong": sum(1 for a in acc.values() if a["wrong"]),
-            "recovered_tasks": sum(1 for s, a in acc.items() if a["wrong"] and recs[s]["success"]),
-            "unrecovered_tasks": sum(1 for s, a in acc.items() if a["wrong"] and not recs[s]["success"]),
+            "tasks_with_wrong": with_wrong,
+            "recovered_tasks": recovered,
+            "unrecovered_tasks": with_wrong - recovered,
+            # the share of tasks with a wrong jump that still succeeded (Wilson 95%)
+            "recovered_share": round(recovered / with_wrong, 4) if with_wrong else None,
+            "recovered_share_ci95": [round(r_lo, 4), round(r_hi, 4)] if with_wrong else None,
             "cost_per_recovery_s": round(cost, 6) if cost is not None else None,
             "cost_per_recovery_ci95": _ci95(cost_ci) if cost_ci else None,
             "cost_source": "this arm" if wrong_counted else ("pooled over arms" if cost is not None else None),

@@ -130,7 +130,7 @@ def recovery_table(summary: dict[str, Any]) -> str:
     """Per arm that made jumps: jumps, wrong jumps, the wrong-jump rate (Wilson 95%),
     recovered / unrecovered tasks, cost per recovery and the break-even rate (bootstrap 95%)."""
     lines = ["| arm | jumps | wrong (unattributed) | wrong-jump rate (95% CI) | tasks with a wrong jump: recovered "
-             "/ unrecovered | cost per recovery s (95% CI; from) | break-even wrong-jump rate (95% CI) |",
+             "/ unrecovered (recovered share, Wilson 95% CI) | cost per recovery s (95% CI; from) | break-even wrong-jump rate (95% CI) |",
              "|" + "---|" * 7]
     for arm in arms_of(summary):
         rec = summary["per_arm"][arm].get("recovery", {})
@@ -141,7 +141,9 @@ def recovery_table(summary: dict[str, Any]) -> str:
         lines.append("| " + " | ".join([
             arm, num(rec["jump_interventions"]), f"{num(rec.get('wrong'))} ({num(rec.get('unattributed', 0))})",
             num(wrong_rate(rec), 3) + _bounds(rec.get("wrong_rate_ci95")),
-            f"{num(rec.get('recovered_tasks', 0))} / {num(rec.get('unrecovered_tasks', 0))}",
+            f"{num(rec.get('recovered_tasks', 0))} / {num(rec.get('unrecovered_tasks', 0))}"
+            + (f" (share {num(rec['recovered_share'], 2)}, {num(rec['recovered_share_ci95'][0], 2)} to "
+               f"{num(rec['recovered_share_ci95'][1], 2)})" if rec.get("recovered_share") is not None else ""),
             sec(rec.get("cost_per_recovery_s")) + (f" ({sec(cost[0])} to {sec(cost[1])}{source})" if cost
                                                    else (f" ({source[2:]})" if source else "")),
             num(rec.get("breakeven_frequency"), 3) + _bounds(rec.get("breakeven_ci95"))]) + " |")

@@ -193,6 +193,9 @@ def test_recovered_has_one_meaning() -> None:
     rec = summarize(records, ["ordinary", "j"])["per_arm"]["j"]["recovery"]
     assert (rec["tasks_with_wrong"], rec["recovered_tasks"], rec["unrecovered_tasks"]) == (2, 1, 1)
     assert (rec["jump_interventions"], rec["wrong"]) == (4, 2)
+    # the recovered share is over tasks with a wrong jump (not over jumps, not over all tasks)
+    assert rec["recovered_share"] == 0.5
+    assert rec["recovered_share_ci95"] == pytest.approx(list(_wilson(1, 2)), abs=1e-4)
 
 
 # --- intervals --------------------------------------------------------------------------------
