@@ -288,11 +288,14 @@ def summarize(records: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
     pooled_wrong = sum(a["wrong"] for acc in accounts.values() for a in acc.values() if a["R_s"] is not None)
     pooled_r = sum(a["R_s"] for acc in accounts.values() for a in acc.values() if a["wrong"] and a["R_s"] is not None)
     pooled_cost = pooled_r / pooled_wrong if pooled_wrong else None
+    # the tasks that cost comes from, [R, wrong jumps]: resampled for the pooled cost's interval
+    pooled_rows = np.asarray([[a["R_s"], a["wrong"]] for acc in accounts.values() for a in acc.values()
+                              if a["R_s"] is not None], dtype=float).reshape(-1, 2)
     out_arms = {}
     for arm in arms:
         recs = by_arm.get(arm, {})
         out_arms[arm] = _arm_summary(arm, recs, base, accounts[arm], pooled_cost, plain_rounds(list(base.values())),
-                                     plain_s)
+                                     plain_s, pooled_rows)
     seeds = sorted({int(r["seed"]) for r in records})
     per_seed = {int(r["seed"]): r for r in records}  # a seed's task is the same in every arm
     tasks = {key: dict(sorted(Counter(str(r.get(key, "unknown")) for r in per_seed.values()).items()))
@@ -406,12 +409,29 @@ def _breakeven(rows: np.ndarray) -> float | None:
     return float(rows[:, 3].sum() / (jumps * cost)) if cost and cost > 0 and jumps else None
 
 
+def _pooled_breakeven_ci(rows: np.ndarray, pooled: np.ndarray, seed: int = 0, n: int = BOOTSTRAP) -> dict[str, Any]:
+    """Bootstrap 95% CI of (D - P - H) / (jumps x pooled cost): this arm's task rows
+    [.., .., jumps, D - P - H] and the pooled rows [R, wrong] resampled independently."""
+    rng = np.random.default_rng(seed)
+    draws = []
+    for _ in range(n):
+        own = rows[rng.integers(0, len(rows), size=len(rows))]
+        cost = _cost(pooled[rng.integers(0, len(pooled), size=len(pooled))])
+        jumps = own[:, 2].sum()
+        if cost and cost > 0 and jumps:
+            draws.append(own[:, 3].sum() / (jumps * cost))
+    if not draws:
+        return {}
+    lo, hi = np.percentile(draws, [2.5, 97.5])
+    return {"lo": round(float(lo), 6), "hi": round(float(hi), 6)}
+
+
 def _ci95(d: dict[str, Any]) -> list[float] | None:
     return None if d.get("lo") is None else [d["lo"], d["hi"]]
 
 
 def _recovery(recs: dict[int, dict[str, Any]], acc: dict[int, dict[str, Any]], counted: list[int],
-              gain: float, pooled_cost: float | None) -> dict[str, Any]:
+              gain: float, pooled_cost: float | None, pooled_rows: np.ndarray | None = None) -> dict[str, Any]:
     """Jumps, wrong jumps (rate with its Wilson interval), recovered tasks, cost per
     recovery and the break-even wrong-jump rate (bootstrap intervals over tasks)."""
     jumps = sum(a["jumps"] for a in acc.values())  # the rate: every task's jumps
@@ -424,6 +444,11 @@ def _recovery(recs: dict[int, dict[str, Any]], acc: dict[int, dict[str, Any]], c
              (acc[s]["D_s"] - acc[s]["P_s"] - acc[s]["H_s"]) if s in counted else 0.0] for s in sorted(acc)]
     cost_ci = bootstrap_stat(rows, _cost) if wrong_counted else {}
     even_ci = bootstrap_stat(rows, _breakeven) if wrong_counted and breakeven is not None else {}
+    if not wrong_counted and breakeven is not None and pooled_rows is not None and len(pooled_rows):
+        # the cost is other arms' (this arm measured none): its interval resamples their
+        # tasks, and the break-even's resamples this arm's tasks and theirs independently
+        cost_ci = bootstrap_stat(pooled_rows, _cost)
+        even_ci = _pooled_breakeven_ci(np.asarray(rows, dtype=float), pooled_rows)
     lo, hi = wilson(n_wrong, jumps)
     with_wrong = sum(1 for a in acc.values() if a["wrong"])
     recovered = sum(1 for s, a in acc.items() if a["wrong"] and recs[s]["success"])
@@ -447,7 +472,7 @@ def _recovery(recs: dict[int, dict[str, Any]], acc: dict[int, dict[str, Any]], c
 
 def _arm_summary(arm: str, recs: dict[int, dict[str, Any]], base: dict[int, dict[str, Any]],
                  acc: dict[int, dict[str, Any]], pooled_cost: float | None, base_rounds: list[float],
-                 plain_s: float | None) -> dict[str, Any]:
+                 plain_s: float | None, pooled_rows: np.ndarray | None = None) -> dict[str, Any]:
     n = len(recs)
     wins = sum(1 for r in recs.values() if r["success"])
     lo, hi = wilson(wins, n)
@@ -486,7 +511,7 @@ def _arm_summary(arm: str, recs: dict[int, dict[str, Any]], base: dict[int, dict
         "success_vs_ordinary": {"arm_only": sum(1 for s in paired if recs[s]["success"] and not base[s]["success"]),
                                 "ordinary_only": sum(1 for s in paired if base[s]["success"] and not recs[s]["success"])},
         "ground_truth": _ground_truth(recs),
-        "recovery": _recovery(recs, acc, counted, gain, pooled_cost),
+        "recovery": _recovery(recs, acc, counted, gain, pooled_cost, pooled_rows),
     }
 
 

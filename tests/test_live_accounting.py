@@ -246,6 +246,30 @@ def test_every_figure_read_has_an_interval() -> None:
     assert g["lo"] <= g["mean"] <= g["hi"] and g["n"] == 12
 
 
+def test_a_pooled_cost_per_recovery_carries_its_interval_into_the_break_even() -> None:
+    """An arm with no measured wrong jump prices recovery at the other arms' pooled cost:
+    that cost's interval resamples their tasks, and its break-even rate has an interval too
+    (its own tasks and theirs resampled independently), which holds the point."""
+    rounds = [[150.0, 10, 9], *[[PLAIN_MS, 1, 0]] * 10]
+    records = []
+    for seed in range(12):
+        wrong = seed % 4 == 0
+        records.append(_rec("ordinary", seed, True, [_plain(20), _plain(20)]))
+        turns = [_turn(0.2, rounds, {"sampled": 11, "jump": 9}, [_jump(9)], [WRONG_CALL if wrong else RIGHT_CALL])]
+        turns += [_plain(20), _plain(20 + seed % 3)] if wrong else [_plain(19 - seed % 3)]
+        records.append(_rec("m", seed, True, turns))
+        right = [_turn(0.2, rounds, {"sampled": 11, "jump": 9}, [_jump(9)], [RIGHT_CALL]), _plain(19 - seed % 3)]
+        records.append(_rec("j", seed, True, right))
+    s = summarize(records, ["ordinary", "m", "j"])
+    m, j = s["per_arm"]["m"]["recovery"], s["per_arm"]["j"]["recovery"]
+    assert m["cost_source"] == "this arm" and j["cost_source"] == "pooled over arms" and j["wrong"] == 0
+    assert j["cost_per_recovery_s"] == pytest.approx(s["pooled_cost_per_recovery_s"], abs=1e-5)
+    lo, hi = j["cost_per_recovery_ci95"]
+    assert lo <= j["cost_per_recovery_s"] <= hi and lo < hi
+    lo, hi = j["breakeven_ci95"]
+    assert lo <= j["breakeven_frequency"] <= hi and lo < hi
+
+
 # --- arm against arm --------------------------------------------------------------------------
 
 
