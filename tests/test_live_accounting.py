@@ -209,19 +209,26 @@ def _wilson(k: int, n: int) -> tuple[float, float]:
     return c - h, c + h
 
 
+def _jump_run(arm: str, every: int | None = 4, seeds: int = 12) -> list[dict]:
+    """`seeds` tasks of `arm`, each with one 9-token jump, wrong on every `every`-th seed
+    (None: never), beside the ordinary arm's; a wrong write costs a redo turn, a right one
+    does not."""
+    rounds = [[150.0, 10, 9], *[[PLAIN_MS, 1, 0]] * 10]
+    records = []
+    for seed in range(seeds):
+        wrong = every is not None and seed % every == 0
+        records.append(_rec("ordinary", seed, True, [_plain(20), _plain(20)]))
+        turns = [_turn(0.2, rounds, {"sampled": 11, "jump": 9}, [_jump(9)], [WRONG_CALL if wrong else RIGHT_CALL])]
+        turns += [_plain(20), _plain(20 + seed % 3)] if wrong else [_plain(19 - seed % 3)]
+        records.append(_rec(arm, seed, True, turns))
+    return records
+
+
 def test_every_figure_read_has_an_interval() -> None:
     """The wrong-jump rate with its Wilson interval (computed here); D - P - H per task,
     cost per recovery and the break-even frequency with bootstrap intervals that hold
     their point."""
-    rounds = [[150.0, 10, 9], *[[PLAIN_MS, 1, 0]] * 10]
-    records = []
-    for seed in range(12):
-        wrong = seed % 4 == 0
-        records.append(_rec("ordinary", seed, True, [_plain(20), _plain(20)]))
-        turns = [_turn(0.2, rounds, {"sampled": 11, "jump": 9}, [_jump(9)], [WRONG_CALL if wrong else RIGHT_CALL])]
-        # a wrong write costs a redo turn; a right one does not
-        turns += [_plain(20), _plain(20 + seed % 3)] if wrong else [_plain(19 - seed % 3)]
-        records.append(_rec("j", seed, True, turns))
+    records = _jump_run("j")
     rec = summarize(records, ["ordinary", "j"])["per_arm"]["j"]
     r = rec["recovery"]
     assert (r["jump_interventions"], r["wrong"]) == (12, 3)
@@ -250,16 +257,7 @@ def test_a_pooled_cost_per_recovery_carries_its_interval_into_the_break_even() -
     """An arm with no measured wrong jump prices recovery at the other arms' pooled cost:
     that cost's interval resamples their tasks, and its break-even rate has an interval too
     (its own tasks and theirs resampled independently), which holds the point."""
-    rounds = [[150.0, 10, 9], *[[PLAIN_MS, 1, 0]] * 10]
-    records = []
-    for seed in range(12):
-        wrong = seed % 4 == 0
-        records.append(_rec("ordinary", seed, True, [_plain(20), _plain(20)]))
-        turns = [_turn(0.2, rounds, {"sampled": 11, "jump": 9}, [_jump(9)], [WRONG_CALL if wrong else RIGHT_CALL])]
-        turns += [_plain(20), _plain(20 + seed % 3)] if wrong else [_plain(19 - seed % 3)]
-        records.append(_rec("m", seed, True, turns))
-        right = [_turn(0.2, rounds, {"sampled": 11, "jump": 9}, [_jump(9)], [RIGHT_CALL]), _plain(19 - seed % 3)]
-        records.append(_rec("j", seed, True, right))
+    records = _jump_run("m") + [r for r in _jump_run("j", every=None) if r["arm"] == "j"]
     s = summarize(records, ["ordinary", "m", "j"])
     m, j = s["per_arm"]["m"]["recovery"], s["per_arm"]["j"]["recovery"]
     assert m["cost_source"] == "this arm" and j["cost_source"] == "pooled over arms" and j["wrong"] == 0
