@@ -285,12 +285,11 @@ def summarize(records: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
     plain_s = plain_round_s(list(base.values()))
     accounts = {arm: {seed: task_account(rec, base.get(seed), plain_s) for seed, rec in by_arm[arm].items()}
                 for arm in arms}
-    pooled_wrong = sum(a["wrong"] for acc in accounts.values() for a in acc.values() if a["R_s"] is not None)
-    pooled_r = sum(a["R_s"] for acc in accounts.values() for a in acc.values() if a["wrong"] and a["R_s"] is not None)
-    pooled_cost = pooled_r / pooled_wrong if pooled_wrong else None
-    # the tasks that cost comes from, [R, wrong jumps]: resampled for the pooled cost's interval
+    # every arm's tasks where R is measured, [R, wrong jumps]: the pooled cost per recovery
+    # and, resampled, its interval
     pooled_rows = np.asarray([[a["R_s"], a["wrong"]] for acc in accounts.values() for a in acc.values()
                               if a["R_s"] is not None], dtype=float).reshape(-1, 2)
+    pooled_cost = _cost(pooled_rows)
     out_arms = {}
     for arm in arms:
         recs = by_arm.get(arm, {})
