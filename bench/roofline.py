@@ -43,13 +43,15 @@ their noise and can come out below zero:
   evaluates each layer's scores inside the forward (`attention_path: numpy`), so
   `forward_ms` then contains most of the compute. `graph_build_ms` is Python building
   the whole token's graph alone: the same step with the MLX attention path (no
-  evaluation inside the forward), timed to the return of the lazy logits.
+  evaluation inside the forward, MLX's matmul for one row too), timed to the return of
+  the lazy logits.
   `sampler_ms`: `mx.argmax` over the [B, V] logits and `.tolist()`, after them.
 - `nodes`: the MLX graph of one token (the build above, `mx.export_to_dot`): node count
   and the top primitives.
 - `split`: `weights_ms` = every `nn.Linear`/`QuantizedLinear` of the model and the
-  vocabulary head, each on a random [B, 1, in] input, evaluated as one graph: the
-  matmul floor with this BLAS (these layers' parameter bytes are what a token reads,
+  vocabulary head, each on a random [B, 1, in] input, as the engine's forwards run them
+  (one graph through MLX's matmul; at one row, where engine/kv/row_gemv.py installed its
+  sgemv path, one synchronized sgemv call each: `weights_path`): the floor with this BLAS (these layers' parameter bytes are what a token reads,
   `weight_bytes`, at `weights_read_gb_s`; `weights_by_shape` times each shape's layers
   alone, the vocabulary head among them); `attention_ms` = engine/kv/attention.py's
   `attention` at this context with the model's head counts, one call per attention
@@ -99,7 +101,9 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from jumpahead.engine.kv import attention as attention_mod
+from jumpahead.engine.kv import fast_ops, row_gemv
 from jumpahead.engine.machine import blas
+from jumpahead.engine.machine.cblas import bound_cblas
 from jumpahead.engine.kv.cache_layout import CHUNKED, FULL, LIST, SLIDING
 
 CHUNK = 512  # the scheduler's prefill chunk (EngineConfig.prefill_chunk)
@@ -127,46 +131,6 @@ def _r(x: float | None, nd: int = 3) -> float | None:
 
 
 # --- the BLAS libraries, straight through ctypes ------------------------------------------
-
-RowMajor, NoTrans, Trans = 101, 111, 112
-
-
-class _Cblas:
-    """cblas_sgemv / cblas_sgemm of a loaded library (int width from its build)."""
-
-    def __init__(self, lib: ctypes.CDLL, prefix: str = "", suffix: str = "", int64: bool = False) -> None:
-        I = ctypes.c_int64 if int64 else ctypes.c_int  # noqa: E741
-        P, F = ctypes.c_void_p, ctypes.c_float
-        self.gemv = getattr(lib, f"{prefix}cblas_sgemv{suffix}")
-        self.gemv.argtypes = [ctypes.c_int, ctypes.c_int, I, I, F, P, I, P, I, F, P, I]
-        self.gemv.restype = None
-        self.gemm = getattr(lib, f"{prefix}cblas_sgemm{suffix}")
-        self.gemm.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, I, I, I, F, P, I, P, I, F, P, I]
-        self.gemm.restype = None
-
-    def sgemv(self, w: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
-        m, n = w.shape
-        self.gemv(RowMajor, NoTrans, m, n, 1.0, w.ctypes.data, n, x.ctypes.data, 1, 0.0, y.ctypes.data, 1)
-
-    def sgemm_xwt(self, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
-        """y [M, N] = x [M, K] @ w [N, K]^T, as MLX calls it for a Linear layer."""
-        m, k = x.shape
-        n = w.shape[0]
-        self.gemm(RowMajor, NoTrans, Trans, m, n, k, 1.0, x.ctypes.data, k, w.ctypes.data, k, 0.0,
-                  y.ctypes.data, n)
-
-
-def bound_cblas() -> _Cblas | None:
-    """The library MLX's cblas_sgemm resolves to (engine/machine/blas.py bound it), or None."""
-    info = blas.blas_info()
-    if not info.get("path"):
-        return None
-    try:
-        lib = ctypes.CDLL(info["path"], mode=ctypes.RTLD_GLOBAL)  # already loaded: the same handle
-        return _Cblas(lib, int64="USE64BITINT" in str(info.get("config") or "").split())
-    except (OSError, AttributeError):
-        return None
-
 
 def _numpy_blas_lib() -> str | None:
     """Path of the OpenBLAS numpy's own BLAS calls go to (from this process's maps)."""
@@ -318,7 +282,10 @@ def _nbytes(module: nn.Module) -> int:
 
 
 def _owner(f: Callable) -> nn.Module | None:
-    return f if isinstance(f, nn.Module) else getattr(f, "__self__", None)
+    if isinstance(f, (row_gemv.GemvLinear, row_gemv.GemvEmbedding)):
+        return f.original
+    owner = f if isinstance(f, nn.Module) else getattr(f, "__self__", None)
+    return owner.original if isinstance(owner, row_gemv.GemvEmbedding) else owner
 
 
 def _callable_bytes(f: Callable) -> int:
@@ -377,15 +344,16 @@ def linear_layers(engine: Any) -> Linears:
     found: list[tuple[Callable, int]] = []
     seen: set[int] = set()
     nbytes = 0
+    served = row_gemv.stand_ins(model)  # where one row goes through sgemv: time that
     for _, m in model.named_modules():
         if _is_linear(m) and id(m) not in seen:
             seen.add(id(m))
-            found.append((m, _in_dims(m)))
+            found.append((served.get(id(m), m), _in_dims(m)))
             nbytes += _nbytes(m)
     head = _head(engine)
     owner = _owner(head) if head is not None else None
     head_bytes = _nbytes(owner) if isinstance(owner, nn.Module) else 0
-    prefill_params = sum(_params(m) for m, _ in found if m is not owner)
+    prefill_params = sum(_params(_owner(m)) for m, _ in found if _owner(m) is not owner)
     if not runner.split and owner is not None and getattr(owner, "weight", None) is not None:
         prefill_params += _params(owner)
     if head is not None and id(owner) not in seen:
@@ -529,7 +497,7 @@ def measure_run(engine: Any, rows: int, context: int, steps: int, machine: dict[
         # the same step on MLX's attention path (no evaluation inside the forward),
         # evaluated untimed and not committed: the next forward rewrites the same slots
         nonlocal nodes, by_primitive
-        with _MlxAttention():
+        with _MlxAttention(), row_gemv.suspended():
             t0 = time.perf_counter()
             logits = runner.forward(tokens, cache)
             t1 = time.perf_counter()
@@ -541,7 +509,8 @@ def measure_run(engine: Any, rows: int, context: int, steps: int, machine: dict[
 
     def timed_eval(into: list[float] | None, fn: Callable[[], list]) -> None:
         t0 = time.perf_counter()
-        mx.eval(fn())
+        with fast_ops.active():  # the linears as the engine's forwards run them (row_gemv)
+            mx.eval(fn())
         if into is not None:
             into.append(time.perf_counter() - t0)
 
@@ -613,6 +582,8 @@ def measure_run(engine: Any, rows: int, context: int, steps: int, machine: dict[
             "weights_fraction": _r(weights_ms / total_ms), "attention_fraction": _r(attention_ms / total_ms),
             "graph_build_fraction": _r(build_ms / total_ms), "other_fraction": _r(other_ms / total_ms),
             "linear_layers": len(layers), "weight_bytes": weight_bytes,
+            "weights_path": "sgemv (engine/kv/row_gemv.py)" if rows == 1 and runner.row_gemv.get("installed")
+            else "mlx matmul",
             "weights_read_gb_s": _r(weight_bytes / (weights_ms / 1e3) / GB, 2),
             "weights_by_shape": by_shape,
             "attention_layers": len(spans), "attention_heads": [hq, hkv, d],

@@ -151,7 +151,7 @@ def _rollback_ok(runner: "ModelRunner", tol: float) -> tuple[bool, float]:
 
 
 # Bump when what `check` runs or decides changes: verdicts kept on disk are keyed by it.
-CHECK_VERSION = 2
+CHECK_VERSION = 3
 
 
 def check_once(runner: "ModelRunner") -> ServingCheck:

@@ -25,6 +25,7 @@ import mlx.nn as nn
 from . import attention
 from . import fast_ops
 from . import model_check
+from . import row_gemv
 from .cache_layout import UnsupportedModel, has_recurrent, model_layout, single_row, summary
 from .kv_format import KVFormat
 from .ragged import MIN_PADS, ragged_hidden, supports_ragged
@@ -80,6 +81,7 @@ class ModelRunner:
             or getattr(getattr(args, "text_config", None) or {}, "get", lambda *_: None)("max_position_embeddings")
             or 32768
         )
+        row_gemv.uninstall(model)  # a runner made before over this model installed its own
         # our cache layers' attention calls go through engine/kv/attention.py (fast on CPU)
         installed = attention.install(model)
         if kv_format is not None and not installed:
@@ -107,6 +109,8 @@ class ModelRunner:
             raise UnsupportedModel(f"{self.model_type}: a forward over the engine's cache fails at load: "
                                    f"{type(exc).__name__}: {str(exc).strip()[:300]}") from exc
         self.split = self.head is not None
+        # one decode row's linears through the BLAS's sgemv where verified and faster here
+        self.row_gemv, self.head = row_gemv.install(model, self.head)
         self.ragged = self.split and supports_ragged(model)
         # How this model is served, decided by running it (engine/kv/model_check.py)
         try:
@@ -129,6 +133,7 @@ class ModelRunner:
                     "one_row_per_forward": self.one_row,
                     **self.serving.describe(),
                     "fast_ops": self.fast_ops,
+                    "row_gemv": self.row_gemv,
                     "kv_cache": {**(self.kv_format.describe() if self.kv_format else {"format": "full"}),
                                  "bytes_per_token": self.kv_bytes_per_token,
                                  "sliding_window_bytes_per_row": self.window_bytes}})
