@@ -46,6 +46,9 @@ their noise and can come out below zero:
   evaluation inside the forward, MLX's matmul for one row too), timed to the return of
   the lazy logits.
   `sampler_ms`: `mx.argmax` over the [B, V] logits and `.tolist()`, after them.
+- `row_gemv` (B=1, where engine/kv/row_gemv.py is installed): the same decode steps with
+  its sgemv path held off, interleaved with the timed ones: `matmul_step_ms` beside
+  `step_ms` (both with the sampler) and `speedup`.
 - `nodes`: the MLX graph of one token (the build above, `mx.export_to_dot`): node count
   and the top primitives.
 - `split`: `weights_ms` = every `nn.Linear`/`QuantizedLinear` of the model and the
@@ -477,6 +480,17 @@ def measure_run(engine: Any, rows: int, context: int, steps: int, machine: dict[
     _progress(f"B={rows} context={context}: {rounds * per_round} decode steps in {rounds} rounds with the "
               "graph, the weights and the attention alone")
 
+    ab = rows == 1 and bool(runner.row_gemv.get("installed"))  # sgemv against MLX's matmul, interleaved
+    plain_steps: list[float] = []
+    whole_steps: list[float] = []  # forward + eval + sampler of each timed step, as plain_step times them
+
+    def plain_step(timed: bool) -> None:
+        t0 = time.perf_counter()
+        with row_gemv.suspended():
+            step(False)
+        if timed:
+            plain_steps.append(time.perf_counter() - t0)
+
     def step(timed: bool) -> None:
         nonlocal tokens
         t0 = time.perf_counter()
@@ -492,6 +506,7 @@ def measure_run(engine: Any, rows: int, context: int, steps: int, machine: dict[
             fwd.append(t1 - t0)
             evl.append(t2 - t1)
             smp.append(t3 - t2)
+            whole_steps.append(t3 - t0)
 
     def graph_alone(timed: bool) -> None:
         # the same step on MLX's attention path (no evaluation inside the forward),
@@ -523,6 +538,8 @@ def measure_run(engine: Any, rows: int, context: int, steps: int, machine: dict[
     for r in range(rounds + 1):  # round 0 warms every part up, untimed
         for _ in range(per_round if r else 3):
             step(r > 0)
+            if ab:
+                plain_step(r > 0)
         graph_alone(r > 0)
         timed_eval(weights if r else None, linears_alone)
         timed_eval(attn if r else None, attention_alone)
@@ -573,6 +590,7 @@ def measure_run(engine: Any, rows: int, context: int, steps: int, machine: dict[
             "ms_per_token": _r(total_ms / rows), "tok_s": _r(rows * 1e3 / total_ms, 2),
             "steps": len(fwd), "rounds": rounds,
         },
+        "row_gemv": _ab_report(ab, whole_steps, plain_steps),
         "nodes": {"per_step": nodes, "per_token": _r(nodes / rows, 1),
                   "top_primitives": dict(by_primitive.most_common(10))},
         "split": {
@@ -604,6 +622,17 @@ def measure_run(engine: Any, rows: int, context: int, steps: int, machine: dict[
             "sgemm_floor_ms": _r(sgemm_floor), "fraction_of_sgemm_limit": _r(sgemm_floor / (chunk_s * 1e3)),
         },
     }
+
+
+def _ab_report(ab: bool, whole: list[float], plain: list[float]) -> dict[str, Any] | None:
+    """The same B=1 steps with the engine's sgemv path held off (row_gemv.suspended),
+    interleaved with the timed ones: the median ms of each (forward, eval and sampler)
+    and the speedup of the path the engine runs."""
+    if not ab or not plain or not whole:
+        return None
+    ours = statistics.median(whole) * 1e3
+    theirs = statistics.median(plain) * 1e3
+    return {"step_ms": _r(ours), "matmul_step_ms": _r(theirs), "speedup": _r(theirs / ours)}
 
 
 def served(engine: Any, tokens: int, repeats: int) -> dict[str, Any]:

@@ -7,11 +7,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from jumpahead.bench import command
 from jumpahead.bench.roofline import main
+from jumpahead.engine.kv import row_gemv
+from jumpahead.engine.machine.cblas import bound_cblas
 
 
-def test_roofline_report_adds_up(tiny_model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("gemv", ["off", "on"])
+def test_roofline_report_adds_up(gemv: str, tiny_model_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    """Both ways a decode row's weights are read (engine/kv/row_gemv.py): the split times
+    the path the engine runs, and every layer's bytes, the head's among them, count once."""
+    if gemv == "on" and bound_cblas() is None:
+        pytest.skip("no optimized BLAS bound: no sgemv path")
+    monkeypatch.setenv(row_gemv.ENV, gemv)
     out = tmp_path / "roofline.json"
     assert main(["--model", str(tiny_model_dir), "--contexts", "64", "--rows", "1", "--steps", "3",
                  "--repeats", "1", "--stream-mb", "16", "--matrices", "4", "--tokens", "6", "--out", str(out)]) == 0
@@ -45,6 +55,13 @@ def test_roofline_report_adds_up(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert split["attention_layers"] == shape["layers"] and split["weight_bytes"] == shape["weight_bytes"]
     assert sum(g["layers"] for g in split["weights_by_shape"].values()) == split["linear_layers"]
     assert any(name.startswith("head ") for name in split["weights_by_shape"])
+    assert split["weights_path"] == ("sgemv (engine/kv/row_gemv.py)" if gemv == "on" else "mlx matmul")
+    if gemv == "on":  # the same steps on MLX's matmul, interleaved
+        ab = run["row_gemv"]
+        assert ab["step_ms"] > 0 and ab["matmul_step_ms"] > 0
+        assert abs(ab["speedup"] - ab["matmul_step_ms"] / ab["step_ms"]) <= 0.01
+    else:
+        assert run["row_gemv"] is None
     floors = run["floors"]
     assert 0 < floors["bandwidth_floor_ms"] and floors["kv_bytes"] == 64 * shape["kv_bytes_per_token"]
     assert run["prefill"]["chunk_tokens"] == 64 and run["prefill"]["tok_s"] > 0
