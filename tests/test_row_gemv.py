@@ -15,6 +15,7 @@ import pytest
 from jumpahead.engine.kv import fast_ops, row_gemv
 from jumpahead.engine.kv.model_runner import ModelRunner
 from jumpahead.engine.machine.cblas import bound_cblas
+from jumpahead.engine.methods.drafter import input_embedding
 from jumpahead.engine.model.loader import load_model
 
 from .oracle import assert_same_or_near_tie
@@ -77,6 +78,10 @@ def test_default_model_is_served_with_its_verdict(engine) -> None:
     if report["installed"]:
         assert report["modules"] == 211  # 30 layers x 7 linears + the tied head
         assert report["gemv_ms"] * row_gemv.MIN_GAIN <= report["matmul_ms"]
+        assert isinstance(engine.runner.head.__self__, row_gemv.GemvEmbedding)
+        assert isinstance(engine.model.model.embed_tokens, row_gemv.GemvEmbedding)
+    # what ties a drafter to its target finds the embedding module behind a stand-in
+    assert type(input_embedding(engine.model)) is nn.Embedding
     else:
         assert report["left"], report
 

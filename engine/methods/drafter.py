@@ -57,6 +57,7 @@ def input_embedding(model: nn.Module) -> nn.Module | None:
     model); None where there is none or several (nothing to tie a drafter to)."""
     trunk = getattr(model, "model", None)
     embed = getattr(trunk, "embed_tokens", None) if isinstance(trunk, nn.Module) else None
+    embed = getattr(embed, "original", embed)  # the module behind an engine stand-in (engine/kv/row_gemv.py)
     if isinstance(embed, nn.Module):
         return embed
     tables = [m for _, m in model.named_modules() if isinstance(m, (nn.Embedding, nn.QuantizedEmbedding))]
