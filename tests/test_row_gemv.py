@@ -141,3 +141,19 @@ def test_not_installed_for_weights_sgemv_cannot_read(monkeypatch) -> None:
     report, _ = row_gemv.install(holder)
     assert not report["installed"] and any("bfloat16" in why for why in report["left"]), report
     assert type(holder.proj) is nn.Linear
+
+
+def test_not_installed_over_a_quantized_kv_cache(monkeypatch) -> None:
+    """With K8/V4 the default model's rows batched differed from the rows alone beyond
+    the load-time check's tolerance once one row went through sgemv (last-bit differences
+    land in other 4-bit steps), which cost batching and verified proposals: a quantized
+    cache keeps MLX's matmul, and says so."""
+    from jumpahead.engine.kv.kv_format import KVFormat
+
+    model, _, _ = load_model(None, progress=lambda s: None)  # its own object: the session engine's keeps its path
+    monkeypatch.setenv(row_gemv.ENV, "on")
+    runner = ModelRunner(model, KVFormat(8, 4))
+    report = runner.describe()["row_gemv"]
+    assert not report["installed"] and any("quantized KV" in why for why in report["left"]), report
+    assert type(model.model.layers[0].self_attn.q_proj) is nn.Linear
+    assert runner.serving.verifies and runner.serving.padded, runner.serving.reasons

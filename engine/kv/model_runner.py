@@ -110,7 +110,7 @@ class ModelRunner:
                                    f"{type(exc).__name__}: {str(exc).strip()[:300]}") from exc
         self.split = self.head is not None
         # one decode row's linears through the BLAS's sgemv where verified and faster here
-        self.row_gemv, self.head = row_gemv.install(model, self.head)
+        self.row_gemv, self.head = row_gemv.install(model, self.head, quantized_kv=kv_format is not None)
         self.ragged = self.split and supports_ragged(model)
         # How this model is served, decided by running it (engine/kv/model_check.py)
         try:
