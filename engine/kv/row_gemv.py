@@ -271,13 +271,20 @@ def install(model: nn.Module, head: Any = None, quantized_kv: bool = False) -> t
     return report, head
 
 
+def _held(model: nn.Module) -> Iterator[tuple[nn.Module, str, nn.Module, Any]]:
+    """(parent, attribute, module, its stand-in) for every stand-in the model holds."""
+    for _, parent in model.named_modules():
+        for name, child in list(parent.items()):
+            held = parent.__dict__.get(name) if isinstance(child, nn.Module) else None
+            if isinstance(held, (GemvLinear, GemvEmbedding)):
+                yield parent, name, child, held
+
+
 def uninstall(model: nn.Module) -> None:
     """Take earlier stand-ins out (a model served again starts from its own modules:
     ModelRunner finds its head among them before `install`)."""
-    for _, parent in model.named_modules():
-        for name, child in parent.items():
-            if isinstance(child, nn.Module) and isinstance(parent.__dict__.get(name), (GemvLinear, GemvEmbedding)):
-                del parent.__dict__[name]
+    for parent, name, _, _ in list(_held(model)):
+        del parent.__dict__[name]
 
 
 def _tied(embedding: nn.Embedding, head: Any) -> bool:
@@ -289,10 +296,4 @@ def _tied(embedding: nn.Embedding, head: Any) -> bool:
 def stand_ins(model: nn.Module) -> dict[int, Any]:
     """id(module) -> the stand-in the model calls in its place (`bench roofline` times
     the linears as the engine runs them)."""
-    out: dict[int, Any] = {}
-    for _, parent in model.named_modules():
-        for name, child in parent.items():
-            held = parent.__dict__.get(name) if isinstance(child, nn.Module) else None
-            if isinstance(held, (GemvLinear, GemvEmbedding)):
-                out[id(child)] = held
-    return out
+    return {id(child): held for _, _, child, held in _held(model)}
