@@ -171,8 +171,11 @@ def memory_report(samples: list[dict[str, Any]], warm: dict[str, Any], budget_by
     if budget_bytes is not None and kv_per_token and max_batch:
         longest = max(w for _, w, _ in LENGTHS) + SHARED_SYSTEM_WORDS + 200
         rows_kv = 2 * (max_batch + 1) * (-(-longest // 256) * 256) * kv_per_token
-        allowed = (warm.get("rss_bytes") or values[0]) + budget_bytes + rows_kv
+        # freed buffers MLX may keep for reuse, up to its limit (engine/memory.py size_buffer_cache)
+        buffers = max(0, (warm.get("mlx_cache_limit_bytes") or 0) - (warm.get("mlx_cache_bytes") or 0))
+        allowed = (warm.get("rss_bytes") or values[0]) + budget_bytes + rows_kv + buffers
         out.update(kv_bytes_per_token=round(kv_per_token), rows_kv_allowance_mb=round(rows_kv / mb, 1),
+                   mlx_buffer_cache_allowance_mb=round(buffers / mb, 1),
                    rss_allowed_mb=round(allowed / mb, 1), rss_bounded=max(values) <= allowed)
     return out
 

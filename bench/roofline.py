@@ -43,7 +43,7 @@ their noise and can come out below zero:
   evaluates each layer's scores inside the forward (`attention_path: numpy`), so
   `forward_ms` then contains most of the compute. `graph_build_ms` is Python building
   the whole token's graph alone: the same step with the MLX attention path (no
-  evaluation inside the forward, MLX's matmul for one row too), timed to the return of
+  evaluation inside the forward: MLX's matmul for one row and MLX's swiglu too), timed to the return of
   the lazy logits.
   `sampler_ms`: `mx.argmax` over the [B, V] logits and `.tolist()`, after them.
 - `row_gemv` (B=1, where engine/kv/row_gemv.py is installed): the same decode steps with
@@ -73,6 +73,10 @@ their noise and can come out below zero:
   matmuls' FLOPs, every query against the whole context as the kernel computes them)
   / `mlx_sgemm_prefill_gflop_s`, with the fraction of that limit reached. The head is
   among the prefill parameters only where the runner cannot split it off.
+  `host_paths` (B=1, full-attention models): that chunk rolled back and run again, in
+  rounds interleaved: as the engine runs it (`chunk_ms`), and with numpy's swiglu held
+  off and MLX's own 32 MiB buffer cache (`held_off_chunk_ms`; engine/kv/host_swiglu.py,
+  engine/memory.py), with each one's fraction of the sgemm limit and the `speedup`.
 
 Part 3 (`served`): tokens/s of `engine.stream` (the scheduler, what users see) at B=1
 on a short chat prompt, counted as `jumpahead bench decode` counts, beside the split's
@@ -104,7 +108,8 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from jumpahead.engine.kv import attention as attention_mod
-from jumpahead.engine.kv import fast_ops, row_gemv
+from jumpahead.engine import memory
+from jumpahead.engine.kv import fast_ops, host_swiglu, row_gemv
 from jumpahead.engine.machine import blas
 from jumpahead.engine.machine.cblas import bound_cblas
 from jumpahead.engine.kv.cache_layout import CHUNKED, FULL, LIST, SLIDING
@@ -459,6 +464,7 @@ def measure_run(engine: Any, rows: int, context: int, steps: int, machine: dict[
         mx.eval(cache.arrays())
         chunk_s, chunk_start = time.perf_counter() - t0, s
     width = context - chunk_start
+    held_off = _prefill_ab(runner, cache, prompt[chunk_start:], rows) if rows == 1 else None
 
     # Interleaved rounds, so that load from elsewhere on the machine hits every part
     # alike: decode steps as the engine runs them, then the graph alone, the weights
@@ -512,7 +518,7 @@ def measure_run(engine: Any, rows: int, context: int, steps: int, machine: dict[
         # the same step on MLX's attention path (no evaluation inside the forward),
         # evaluated untimed and not committed: the next forward rewrites the same slots
         nonlocal nodes, by_primitive
-        with _MlxAttention(), row_gemv.suspended():
+        with _MlxAttention(), row_gemv.suspended(), host_swiglu.suspended():
             t0 = time.perf_counter()
             logits = runner.forward(tokens, cache)
             t1 = time.perf_counter()
@@ -620,8 +626,38 @@ def measure_run(engine: Any, rows: int, context: int, steps: int, machine: dict[
             "gflop": _r(flop / 1e9, 3), "attention_gflop": _r(attn_flop / 1e9, 3),
             "gflop_s": _r(flop / chunk_s / 1e9, 1),
             "sgemm_floor_ms": _r(sgemm_floor), "fraction_of_sgemm_limit": _r(sgemm_floor / (chunk_s * 1e3)),
+            "host_paths": None if held_off is None else {
+                **held_off, "fraction_of_sgemm_limit": _r(sgemm_floor / held_off["chunk_ms"]),
+                "held_off_fraction_of_sgemm_limit": _r(sgemm_floor / held_off["held_off_chunk_ms"])},
         },
     }
+
+
+def _prefill_ab(runner: Any, cache: Any, chunk: list[int], rows: int, rounds: int = 2) -> dict[str, Any] | None:
+    """The last chunk again, rolled back and re-run, interleaved: as the engine runs it,
+    and with numpy's swiglu held off and MLX's own 32 MiB buffer cache
+    (engine/kv/host_swiglu.py, engine/memory.py). Median ms of each and the speedup."""
+    if not runner.trimmable or any(k.kind != FULL for k in _flat_kinds(runner.layout)):
+        return None  # rolling the chunk back is exact for full-attention layers only
+    ours: list[float] = []
+    theirs: list[float] = []
+
+    def once() -> float:
+        for b in range(rows):
+            cache.rollback(b, len(chunk))
+        t0 = time.perf_counter()
+        runner.forward([chunk] * rows, cache, None)
+        cache.advance([len(chunk)] * rows)
+        mx.eval(cache.arrays())
+        return time.perf_counter() - t0
+
+    for _ in range(rounds):
+        ours.append(once())
+        with host_swiglu.suspended(), memory.default_buffer_cache():
+            theirs.append(once())
+    a, b = statistics.median(ours) * 1e3, statistics.median(theirs) * 1e3
+    return {"chunk_ms": _r(a), "held_off_chunk_ms": _r(b), "speedup": _r(b / a),
+            "swiglu": bool(runner.swiglu.get("routed")), "buffer_cache_mb": _r(memory.buffer_cache_limit() / 2**20, 1)}
 
 
 def _ab_report(ab: bool, whole: list[float], plain: list[float]) -> dict[str, Any] | None:

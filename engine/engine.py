@@ -20,7 +20,7 @@ from .logprobs import MAX_TOP_LOGPROBS
 from .kv.kv_format import KVFormat
 from .methods import registry as methods
 from .methods.registry import describe as describe_methods
-from .memory import RowRegistry, engine_memory, return_freed_memory_to_os
+from .memory import RowRegistry, engine_memory, return_freed_memory_to_os, size_buffer_cache
 from .kv.model_runner import ModelRunner
 from .schedule.row import Row
 from .sampler import RowSampler
@@ -81,6 +81,7 @@ class Engine:
         if self.config.max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         return_freed_memory_to_os()  # freed KV buffers leave RSS (engine/memory.py)
+        size_buffer_cache()  # a forward's transients reused, not faulted in afresh (engine/memory.py)
         self.model = model
         self.tokenizer = tokenizer
         self.info = info

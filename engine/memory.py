@@ -10,12 +10,16 @@ unaccounted node here.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import logging
 import os
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import mlx.core as mx
+
+log = logging.getLogger("jumpahead.engine")
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -89,6 +93,8 @@ def engine_memory(engine: "Engine", collect: bool = False) -> dict[str, Any]:
         "group_kv_bytes": sum(a.nbytes for a in group.arrays()),
         "mlx_active_bytes": mx.get_active_memory(),
         "mlx_cache_bytes": mx.get_cache_memory(),
+        # freed buffers MLX may keep (size_buffer_cache); 0: its own default
+        "mlx_cache_limit_bytes": buffer_cache_limit(),
         "mlx_peak_bytes": mx.get_peak_memory(),
         "rss_bytes": rss_bytes(),
     }
@@ -120,3 +126,60 @@ def return_freed_memory_to_os(threshold: int = 1 << 20) -> bool:
         return bool(libc.mallopt(M_MMAP_THRESHOLD, int(threshold)))
     except (OSError, AttributeError):
         return False
+
+
+CACHE_ENV = "JUMPAHEAD_MLX_CACHE_MB"
+CACHE_MAX = 1 << 30
+_cache_limit: list[int] = []
+MLX_DEFAULT_CACHE: list[int] = []  # MLX's limit before size_buffer_cache raised it
+
+
+def size_buffer_cache() -> int:
+    """Let MLX keep up to min(1 GiB, RAM / 16) of freed buffers for reuse, on the CPU.
+
+    MLX's CPU allocator keeps only 32 MiB of freed buffers by default; a prefill
+    chunk's transients are larger (the scores of one layer of a 512-token chunk at
+    2k context are 38 MB, the MLP's 9 MB), so each layer's buffers were fresh
+    allocations: with the 1 MB mmap threshold above, new pages faulted in and zeroed
+    every layer. Measured (BENCHMARKS.md, issue 42): attention over a 2k-context chunk
+    58 ms a layer with 32 MiB, 32 ms with the limit raised; prefill of 2k tokens 16%
+    faster. The cache is bounded, so RSS is too (`bench load` allows for it).
+    `JUMPAHEAD_MLX_CACHE_MB` sets it (0: MLX's default). Returns the limit in bytes."""
+    if _cache_limit:
+        return _cache_limit[0]
+    raw = os.environ.get(CACHE_ENV)
+    limit = None
+    if raw is not None and raw.strip():
+        try:
+            limit = max(0, int(float(raw) * (1 << 20)))
+        except ValueError:
+            log.warning("%s=%r is not a number of MiB: sized from RAM instead", CACHE_ENV, raw)
+    if limit is None:
+        if mx.default_device() != mx.cpu:  # Metal/CUDA size their own caches
+            limit = 0
+        else:
+            ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            limit = min(CACHE_MAX, ram // 16)
+    if limit > 0:
+        MLX_DEFAULT_CACHE.append(mx.set_cache_limit(limit))
+    _cache_limit.append(limit)
+    return limit
+
+
+def buffer_cache_limit() -> int:
+    """The limit size_buffer_cache set (0: MLX's default kept)."""
+    return _cache_limit[0] if _cache_limit else 0
+
+
+@contextlib.contextmanager
+def default_buffer_cache() -> Iterator[None]:
+    """MLX's own buffer-cache limit while held (`bench roofline` times prefill both ways)."""
+    if not MLX_DEFAULT_CACHE:
+        yield
+        return
+    ours = mx.set_cache_limit(MLX_DEFAULT_CACHE[0])
+    try:
+        yield
+    finally:
+        mx.set_cache_limit(ours)
+

@@ -11,6 +11,7 @@ import pytest
 
 from jumpahead.bench import command
 from jumpahead.bench.roofline import main
+from jumpahead.engine import memory
 from jumpahead.engine.kv import row_gemv
 from jumpahead.engine.machine.cblas import bound_cblas
 
@@ -65,6 +66,13 @@ def test_roofline_report_adds_up(gemv: str, tiny_model_dir: Path, tmp_path: Path
     floors = run["floors"]
     assert 0 < floors["bandwidth_floor_ms"] and floors["kv_bytes"] == 64 * shape["kv_bytes_per_token"]
     assert run["prefill"]["chunk_tokens"] == 64 and run["prefill"]["tok_s"] > 0
+    # the chunk again, rolled back, with numpy's swiglu and the buffer cache held off, interleaved
+    host = run["prefill"]["host_paths"]
+    assert host["chunk_ms"] > 0 and host["held_off_chunk_ms"] > 0 and host["swiglu"] is True
+    assert abs(host["speedup"] - host["held_off_chunk_ms"] / host["chunk_ms"]) <= 0.01
+    assert host["buffer_cache_mb"] == round(memory.buffer_cache_limit() / 2**20, 1) > 32
+    floor = run["prefill"]["sgemm_floor_ms"]
+    assert abs(host["held_off_fraction_of_sgemm_limit"] - floor / host["held_off_chunk_ms"]) <= 0.01
 
     served = result["served"]
     assert served["tok_s"] > 0 and served["split_context"] == 64 and served["split_tok_s"] > 0

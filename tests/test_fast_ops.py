@@ -14,7 +14,7 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.models.rope_utils import Llama3RoPE
 
-from jumpahead.engine.kv import fast_ops, row_gemv
+from jumpahead.engine.kv import fast_ops, host_swiglu, row_gemv
 
 pytestmark = pytest.mark.skipif(mx.default_device() != mx.cpu, reason="the substitutions are CPU-only")
 
@@ -139,7 +139,8 @@ def test_default_model_decode_graph_is_cut(engine) -> None:
     runner.forward([prompt], cache, None)
     mx.eval(cache.arrays())
     cache.advance([len(prompt)])
-    with row_gemv.suspended():  # the whole step as one graph (sgemv evaluates inside it)
+    # the whole step as one graph (sgemv and numpy's swiglu evaluate inside it)
+    with row_gemv.suspended(), host_swiglu.suspended():
         ours = _labels(mx.argmax(runner.forward([[5]], cache)[:, -1, :], axis=-1))
     theirs_cache = make_prompt_cache(runner.model)
     mx.eval(runner.model(mx.array([prompt]), cache=theirs_cache))

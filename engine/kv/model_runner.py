@@ -24,6 +24,7 @@ import mlx.nn as nn
 
 from . import attention
 from . import fast_ops
+from . import host_swiglu
 from . import model_check
 from . import row_gemv
 from .cache_layout import UnsupportedModel, has_recurrent, model_layout, single_row, summary
@@ -89,6 +90,8 @@ class ModelRunner:
                                    "scaled_dot_product_attention, which this model class does not call")
         # RoPE and RMSNorm with fewer graph nodes where verified bit-identical here
         self.fast_ops = fast_ops.install(model, _activation_dtype(model))
+        # mlx-lm's swiglu through numpy's exp (MLX's CPU sigmoid is scalar) where verified here
+        self.swiglu = host_swiglu.install(attention.model_modules(model))
         self.trunk = _trunk(model)
         self.head = None
         # The trunk's final hidden state at the positions that got logits in the last
@@ -134,6 +137,7 @@ class ModelRunner:
                     **self.serving.describe(),
                     "fast_ops": self.fast_ops,
                     "row_gemv": self.row_gemv,
+                    "swiglu": self.swiglu,
                     "kv_cache": {**(self.kv_format.describe() if self.kv_format else {"format": "full"}),
                                  "bytes_per_token": self.kv_bytes_per_token,
                                  "sliding_window_bytes_per_row": self.window_bytes}})
