@@ -151,7 +151,7 @@ def _rollback_ok(runner: "ModelRunner", tol: float) -> tuple[bool, float]:
 
 
 # Bump when what `check` runs or decides changes: verdicts kept on disk are keyed by it.
-CHECK_VERSION = 3
+CHECK_VERSION = 4  # 4: numpy swiglu in the forwards it runs (engine/kv/host_swiglu.py)
 
 
 def check_once(runner: "ModelRunner") -> ServingCheck:
