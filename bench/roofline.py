@@ -75,8 +75,9 @@ their noise and can come out below zero:
   among the prefill parameters only where the runner cannot split it off.
   `host_paths` (B=1, full-attention models): that chunk rolled back and run again, in
   rounds interleaved: as the engine runs it (`chunk_ms`), and with numpy's swiglu held
-  off and MLX's own 32 MiB buffer cache (`held_off_chunk_ms`; engine/kv/host_swiglu.py,
-  engine/memory.py), with each one's fraction of the sgemm limit and the `speedup`.
+  off, MLX's own 32 MiB buffer cache and the softmax on one thread (`held_off_chunk_ms`;
+  engine/kv/host_swiglu.py, engine/memory.py, engine/kv/attention.py), with each one's
+  fraction of the sgemm limit and the `speedup`.
 
 Part 3 (`served`): tokens/s of `engine.stream` (the scheduler, what users see) at B=1
 on a short chat prompt, counted as `jumpahead bench decode` counts, beside the split's
@@ -635,8 +636,9 @@ def measure_run(engine: Any, rows: int, context: int, steps: int, machine: dict[
 
 def _prefill_ab(runner: Any, cache: Any, chunk: list[int], rows: int, rounds: int = 2) -> dict[str, Any] | None:
     """The last chunk again, rolled back and re-run, interleaved: as the engine runs it,
-    and with numpy's swiglu held off and MLX's own 32 MiB buffer cache
-    (engine/kv/host_swiglu.py, engine/memory.py). Median ms of each and the speedup."""
+    and with numpy's swiglu held off, MLX's own 32 MiB buffer cache and the softmax on
+    one thread (engine/kv/host_swiglu.py, engine/memory.py, engine/kv/attention.py).
+    Median ms of each and the speedup."""
     if not runner.trimmable or any(k.kind != FULL for k in _flat_kinds(runner.layout)):
         return None  # rolling the chunk back is exact for full-attention layers only
     ours: list[float] = []
@@ -653,11 +655,12 @@ def _prefill_ab(runner: Any, cache: Any, chunk: list[int], rows: int, rounds: in
 
     for _ in range(rounds):
         ours.append(once())
-        with host_swiglu.suspended(), memory.default_buffer_cache():
+        with host_swiglu.suspended(), memory.default_buffer_cache(), attention_mod.one_thread():
             theirs.append(once())
     a, b = statistics.median(ours) * 1e3, statistics.median(theirs) * 1e3
     return {"chunk_ms": _r(a), "held_off_chunk_ms": _r(b), "speedup": _r(b / a),
-            "swiglu": bool(runner.swiglu.get("routed")), "buffer_cache_mb": _r(memory.buffer_cache_limit() / 2**20, 1)}
+            "swiglu": bool(runner.swiglu.get("routed")), "buffer_cache_mb": _r(memory.buffer_cache_limit() / 2**20, 1),
+            "softmax_threads": attention_mod._workers()}
 
 
 def _ab_report(ab: bool, whole: list[float], plain: list[float]) -> dict[str, Any] | None:

@@ -80,6 +80,27 @@ def test_per_head_path_is_bit_identical_to_the_batched_one(monkeypatch, B, Hq, H
     assert mx.abs(got - want).max().item() < 2e-5
 
 
+@pytest.mark.parametrize("shape", [(3, 1536, 2048), (1, 9, 7, 300), (5, 33)])
+def test_softmax_split_over_threads_gives_the_same_bits(monkeypatch, shape):
+    """Each row gets the same operations whichever thread takes it: the threaded softmax
+    (large score tensors) is the one-thread softmax bit for bit, odd row counts too."""
+    import numpy as np
+
+    monkeypatch.setattr(att, "SPLIT_MIN", 0)
+    monkeypatch.setattr(att, "_workers", lambda: 3)  # three threads even on a 2-core machine
+    rng = np.random.default_rng(0)
+    hosts = [(rng.standard_normal(shape) * 4).astype(np.float32) for _ in range(2)]
+    hosts[0].reshape(-1)[:7] = -np.inf  # hidden positions, as the causal tail writes them
+    want = [h.copy() for h in hosts]
+    with att.one_thread():
+        att.softmax_in_place(want)
+    att.softmax_in_place(hosts)
+    assert 3 in att._pools  # the split path ran
+    for got, exp in zip(hosts, want):
+        assert np.array_equal(got, exp)
+    assert np.allclose(want[1].sum(axis=-1), 1, atol=1e-5)
+
+
 def test_small_scores_keep_the_mlx_kernel(monkeypatch):
     q, k, v = _inputs(1, 9, 3, 1, 40)
     assert 9 * 40 < att.NUMPY_MIN

@@ -24,8 +24,12 @@ function unchanged.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
-from typing import Any, Callable
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterator
 
 import mlx.core as mx
 import numpy as np
@@ -71,6 +75,55 @@ def _softmax_rows(x: np.ndarray, sink: np.ndarray | None = None) -> np.ndarray:
     return x
 
 
+# Score elements from which the softmax is split by rows over a few threads (numpy releases
+# the GIL in its loops). Each row gets the same operations whichever thread takes it, so the
+# bits do not change (tests/test_attention.py). Measured on a 2-core EPYC, the softmax of a
+# 512-token chunk's scores at 2k context after their matmuls: 20.4 ms a layer on one thread,
+# 11.6 on two (BENCHMARKS.md, issue 42).
+SPLIT_MIN = 1 << 20
+_pools: dict[int, ThreadPoolExecutor] = {}  # by worker count
+_local = threading.local()
+
+
+def _workers() -> int:
+    if getattr(_local, "one_thread", 0):
+        return 1
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(4, cores))
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """The softmax on the calling thread alone while held (`bench roofline` times both)."""
+    _local.one_thread = getattr(_local, "one_thread", 0) + 1
+    try:
+        yield
+    finally:
+        _local.one_thread -= 1
+
+
+def softmax_in_place(hosts: list[np.ndarray]) -> None:
+    """_softmax_rows over each array (no sinks), split by rows over `_workers()` threads
+    where the arrays are large."""
+    n = _workers()
+    if n == 1 or sum(h.size for h in hosts) < SPLIT_MIN:
+        for h in hosts:
+            _softmax_rows(h)
+        return
+    if n not in _pools:
+        _pools[n] = ThreadPoolExecutor(max_workers=n, thread_name_prefix="jumpahead-softmax")
+    blocks = []
+    for h in hosts:
+        rows = h.reshape(-1, h.shape[-1])  # a view: the hosts are C-contiguous buffers
+        step = -(-rows.shape[0] // n)
+        blocks += [rows[i : i + step] for i in range(0, rows.shape[0], step)]
+    for f in [_pools[n].submit(_softmax_rows, b) for b in blocks]:
+        f.result()
+
+
 def _masked(scores: mx.array, mask: Any, B: int, Hkv: int, rep: int, L: int, S: int) -> mx.array:
     """scores [B, Hkv, rep*L, S] with the mask applied (-inf where hidden)."""
     m = _mask_array(mask, L, S)
@@ -108,7 +161,10 @@ def _probabilities(scores: mx.array, sinks: mx.array | None, Hkv: int, rep: int,
     if host.flags.owndata or not host.flags.writeable:  # numpy made a copy: return that
         return mx.array(_softmax_rows(host.copy(), sink))
     # the scores are this call's own evaluated buffer: the probabilities replace them there
-    _softmax_rows(host, sink)
+    if sink is None and host.flags.c_contiguous:
+        softmax_in_place([host])
+    else:
+        _softmax_rows(host, sink)
     return scores
 
 
@@ -151,8 +207,7 @@ def _per_head(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool,
         hidden = np.triu(np.ones((L, L), dtype=bool), 1)
         for host in hosts:
             np.copyto(host.reshape(rep, L, S)[..., S - L :], -np.inf, where=hidden)  # no index arrays
-    for host in hosts:
-        _softmax_rows(host)
+    softmax_in_place(hosts)
     outs = [p.astype(v.dtype) @ v[i // Hkv, i % Hkv] for i, p in enumerate(parts)]  # [rep*L, Dv]
     return mx.stack(outs).reshape(B, Hq, L, v.shape[-1])
 
