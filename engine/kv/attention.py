@@ -85,9 +85,17 @@ _pools: dict[int, ThreadPoolExecutor] = {}  # by worker count
 _local = threading.local()
 
 
+THREADS_ENV = "JUMPAHEAD_SOFTMAX_THREADS"
+
+
 def _workers() -> int:
+    """Threads for a large softmax: JUMPAHEAD_SOFTMAX_THREADS, else the cores this process
+    may use, at most 4 (the passes are memory-bound beyond that)."""
     if getattr(_local, "one_thread", 0):
         return 1
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    if raw.isdigit() and int(raw) > 0:
+        return int(raw)
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
