@@ -105,6 +105,16 @@ def test_a_model_without_mlx_lms_swiglu_is_left_with_the_reason() -> None:
     assert report["routed"] == [] and report["left"] == ["the model's classes call no mlx-lm swiglu"], report
 
 
+def test_activations_keeps_its_definition() -> None:
+    """A model whose classes live in mlx_lm.models.activations (its SwiGLU modules) lists
+    that module among its own: the model files that imported swiglu are routed, the
+    definition stays, so files imported later bind mlx-lm's function."""
+    original = activations.swiglu
+    report = host_swiglu.install([activations, llama])
+    assert report["routed"] == ["llama"] and activations.swiglu is original, report
+    assert llama.swiglu._original is original
+
+
 def test_default_model_routes_its_swiglu(engine) -> None:
     report = engine.runner.describe()["swiglu"]
     assert report["routed"] == ["llama"], report

@@ -76,7 +76,10 @@ def _host_ok(gate: Any, up: Any) -> bool:
 def _routed(original: Callable) -> Callable:
     def swiglu(gate: mx.array, up: mx.array) -> mx.array:
         if _is_active() and not getattr(_local, "off", 0) and _host_ok(gate, up):
-            return host_swiglu(gate, up)
+            try:
+                return host_swiglu(gate, up)
+            except ValueError:  # inside a function transformation (mx.compile, vmap): no eval there
+                pass
         return original(gate, up)
 
     swiglu._jumpahead = True  # type: ignore[attr-defined]
@@ -113,8 +116,11 @@ def install(modules: list[Any]) -> dict[str, Any]:
     report: dict[str, Any] = {"routed": [], "left": []}
     from mlx_lm.models import activations
 
-    own = activations.swiglu  # only mlx-lm's own function: a model file's namesake may mean another thing
-    targets = [m for m in modules if getattr(getattr(m, "swiglu", None), "_original", getattr(m, "swiglu", None)) is own]
+    # only mlx-lm's own function (a model file's namesake may mean another thing), and only
+    # where model files imported it: activations itself keeps its definition
+    own = getattr(activations.swiglu, "_original", activations.swiglu)
+    targets = [m for m in modules if m is not activations and
+               getattr(getattr(m, "swiglu", None), "_original", getattr(m, "swiglu", None)) is own]
     for m in targets:  # a model served before in this process may have routed them
         m.swiglu = own
     if not targets:
