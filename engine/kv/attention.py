@@ -81,11 +81,9 @@ def _softmax_rows(x: np.ndarray, sink: np.ndarray | None = None) -> np.ndarray:
 # 512-token chunk's scores at 2k context after their matmuls: 20.4 ms a layer on one thread,
 # 11.6 on two (BENCHMARKS.md, issue 42).
 SPLIT_MIN = 1 << 20
+THREADS_ENV = "JUMPAHEAD_SOFTMAX_THREADS"
 _pools: dict[int, ThreadPoolExecutor] = {}  # by worker count
 _local = threading.local()
-
-
-THREADS_ENV = "JUMPAHEAD_SOFTMAX_THREADS"
 
 
 def _workers() -> int:
@@ -125,7 +123,10 @@ def softmax_in_place(hosts: list[np.ndarray]) -> None:
         _pools[n] = ThreadPoolExecutor(max_workers=n, thread_name_prefix="jumpahead-softmax")
     blocks = []
     for h in hosts:
-        rows = h.reshape(-1, h.shape[-1])  # a view: the hosts are C-contiguous buffers
+        if not h.flags.c_contiguous:  # a reshape would copy: the rows would not land in h
+            blocks.append(h)
+            continue
+        rows = h.reshape(-1, h.shape[-1])  # a view of h's buffer
         step = -(-rows.shape[0] // n)
         blocks += [rows[i : i + step] for i in range(0, rows.shape[0], step)]
     for f in [_pools[n].submit(_softmax_rows, b) for b in blocks]:
