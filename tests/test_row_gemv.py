@@ -73,15 +73,20 @@ def test_tiny_model_decodes_as_through_matmul(tiny_model_dir, monkeypatch) -> No
 def test_default_model_is_served_with_its_verdict(engine) -> None:
     """The default model (float32, tied head): installed where measured faster here, or
     the measurement that kept it out, in /health's layers.row_gemv."""
-    report = engine.runner.describe()["row_gemv"]
+    # Other tests make runners over the session's model object, and each runner takes the
+    # stand-ins out and puts them back per its own load-time timing: the verdict checked is
+    # that of a runner made here, against the model as that runner left it.
+    runner = ModelRunner(engine.model)
+    report = runner.describe()["row_gemv"]
     assert isinstance(report["installed"], bool)
     if report["installed"]:
         assert report["modules"] == 211  # 30 layers x 7 linears + the tied head
         assert report["gemv_ms"] * row_gemv.MIN_GAIN <= report["matmul_ms"]
-        assert isinstance(engine.runner.head.__self__, row_gemv.GemvEmbedding)
+        assert isinstance(runner.head.__self__, row_gemv.GemvEmbedding)
         assert isinstance(engine.model.model.embed_tokens, row_gemv.GemvEmbedding)
     else:
         assert report["left"], report
+        assert type(engine.model.model.embed_tokens) is nn.Embedding
     # what ties a drafter to its target finds the embedding module behind a stand-in
     assert type(input_embedding(engine.model)) is nn.Embedding
 

@@ -15,6 +15,7 @@ that keeps recurrent state has its verifying rounds settled by `replay`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any, Callable
@@ -91,7 +92,7 @@ class ModelRunner:
         # RoPE and RMSNorm with fewer graph nodes where verified bit-identical here
         self.fast_ops = fast_ops.install(model, _activation_dtype(model))
         # mlx-lm's swiglu through numpy's exp (MLX's CPU sigmoid is scalar) where verified here
-        self.swiglu = host_swiglu.install(attention.model_modules(model))
+        self.swiglu = host_swiglu.install(attention.model_modules(model), quantized_kv=kv_format is not None)
         self.trunk = _trunk(model)
         self.head = None
         # The trunk's final hidden state at the positions that got logits in the last
@@ -237,8 +238,13 @@ class ModelRunner:
         """
         inputs = tokens if isinstance(tokens, mx.array) else mx.array(tokens, dtype=mx.int32)
         cache.begin(inputs.shape[1], starts, lengths=lengths)
-        with fast_ops.active():
+        with fast_ops.active(), self._host_swiglu():
             return self._forward(inputs, cache, positions)
+
+    def _host_swiglu(self) -> Any:
+        """numpy's swiglu in this runner's forwards only where install routed it for this
+        runner (not over a quantized KV cache: engine/kv/host_swiglu.py)."""
+        return contextlib.nullcontext() if self.swiglu["routed"] else host_swiglu.suspended()
 
     def _forward(self, inputs: mx.array, cache: RowKVCache, positions: slice | None) -> mx.array | None:
         if self.split:
@@ -276,7 +282,7 @@ class ModelRunner:
             picks += [start + len(r) - n + i for i in range(n)]
             packed += len(r)
         if ragged:
-            with fast_ops.active():
+            with fast_ops.active(), self._host_swiglu():
                 hidden = ragged_hidden(self.model, rows, cache)
             if self.keep_all_hidden:
                 starts = [0]
