@@ -739,7 +739,8 @@ def run(model_name: str | None, rows: list[int], contexts: list[int], steps: int
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="jumpahead bench roofline", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=None, help="mlx-lm model path (default: the embedded default model)")
+    ap.add_argument("--model", default=None,
+                    help="mlx-lm folder, GGUF file or gemma3-270m (default: the embedded default model)")
     ap.add_argument("--rows", default="1,4", help="decode rows B, comma-separated (default 1,4)")
     ap.add_argument("--contexts", default="512,2048",
                     help="cached tokens per row, comma-separated (default 512,2048; 8192 prefills slowly)")

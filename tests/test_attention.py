@@ -80,6 +80,35 @@ def test_per_head_path_is_bit_identical_to_the_batched_one(monkeypatch, B, Hq, H
     assert mx.abs(got - want).max().item() < 2e-5
 
 
+@pytest.mark.parametrize(
+    "B,Hq,Hkv,L,S,mask",
+    [
+        (1, 9, 3, 1, 700, None),  # one row decoding, the default model's heads
+        (4, 9, 3, 1, 2048, "rows"),  # four rows at per-row ends
+        (3, 4, 1, 1, 999, "rows"),  # four query rows per key head (Gemma 3 270M's grouping)
+        (2, 8, 2, 1, 4097, "additive"),
+    ],
+)
+def test_decode_scores_with_the_keys_left_are_the_same_bits(monkeypatch, B, Hq, Hkv, L, S, mask):
+    """A decode step's scores as K @ Q^T (faster in OpenBLAS's sgemm) give the bits of
+    Q @ K^T, a batched row the bits of the same row alone, and both match MLX's kernel."""
+    monkeypatch.setattr(att, "NUMPY_MIN", 0)
+    q, k, v = _inputs(B, Hq, Hkv, L, S, seed=S)
+    k, v = (mx.concatenate([x, mx.zeros((B, Hkv, 50, 64))], axis=2)[:, :, :S] for x in (k, v))  # cache slices
+    m = _row_mask(B, L, S) if mask == "rows" else mx.random.normal((B, 1, L, S)) if mask == "additive" else None
+    assert (Hq // Hkv) * L <= att.KEYS_LEFT_MAX_ROWS and q.shape[-1] <= att.KEYS_LEFT_MAX_DIM  # the keys-left path
+    got = att.attention(q, k, v, 0.125, m)
+    with monkeypatch.context() as queries_left_only:
+        queries_left_only.setattr(att, "KEYS_LEFT_MAX_ROWS", 0)
+        queries_left = att.attention(q, k, v, 0.125, m)
+    assert mx.array_equal(got, queries_left).item()
+    for b in range(B):
+        alone = att.attention(q[b : b + 1], k[b : b + 1], v[b : b + 1], 0.125, None if m is None else m[b : b + 1])
+        assert mx.array_equal(alone, got[b : b + 1]).item(), f"row {b} alone differs from the batch"
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=m)
+    assert mx.abs(got - want).max().item() < 2e-5
+
+
 @pytest.mark.parametrize("shape", [(3, 1536, 2048), (1, 9, 7, 300), (5, 33)])
 def test_softmax_split_over_threads_gives_the_same_bits(monkeypatch, shape):
     """Each row gets the same operations whichever thread takes it: the threaded softmax

@@ -192,6 +192,17 @@ def _hide_causal_tail(scores: mx.array, B: int, Hkv: int, rep: int, L: int, S: i
     return scores
 
 
+# Query rows (rep * L) per key head up to which, for heads up to KEYS_LEFT_MAX_DIM wide,
+# the scores are computed as K @ Q^T (the keys the left operand of sgemm) and transposed
+# back, instead of Q @ K^T. A decode step has rep (2-4) rows: at 64-wide heads OpenBLAS's
+# sgemm then reads the keys at 1.1-2x the rate (scores of 30 layers at 8k context, one
+# row: 18.7 vs 12.0 ms; four rows 83 vs 60 ms), with the same bits on this machine's
+# OpenBLAS (each score sums the same products in the same order: tests/test_attention.py).
+# At 128- and 256-wide heads (Gemma 3 270M) it measured 0.83-1.05x, and from 5 rows a
+# key head (verifying rounds) 0.56-0.86x: those keep Q @ K^T (BENCHMARKS.md, issue 42).
+KEYS_LEFT_MAX_ROWS = 4
+KEYS_LEFT_MAX_DIM = 64
+
 # Query rows (rep * L) per key head from which a prefill-sized forward takes one 2D
 # matmul per (row, key head) instead of one batched matmul: MLX's CPU batched matmul
 # ran the scores of a 512-token chunk at 2k context at a third of the speed of the same
@@ -241,7 +252,11 @@ def attention(
         if out is not None:
             return out
     # query head h reads key head h // rep: fold the rep heads' queries into rows
-    scores = (q * scale).reshape(B, Hkv, rep * L, D) @ k.swapaxes(-1, -2)  # [B, Hkv, rep*L, S]
+    qs = (q * scale).reshape(B, Hkv, rep * L, D)
+    if rep * L <= KEYS_LEFT_MAX_ROWS and D <= KEYS_LEFT_MAX_DIM:  # decoding: the keys as sgemm's left operand
+        scores = (k @ qs.swapaxes(-1, -2)).swapaxes(-1, -2)  # [B, Hkv, rep*L, S], transposed view
+    else:
+        scores = qs @ k.swapaxes(-1, -2)  # [B, Hkv, rep*L, S]
     masked = _hide_causal_tail(scores, B, Hkv, rep, L, S) if causal else None
     if masked is None:
         masked = _masked(scores, mask, B, Hkv, rep, L, S)
