@@ -488,20 +488,31 @@ def measure_run(engine: Any, rows: int, context: int, steps: int, machine: dict[
               "graph, the weights and the attention alone")
 
     ab = rows == 1 and bool(runner.row_gemv.get("installed"))  # sgemv against MLX's matmul, interleaved
+    host = runner.host if rows == 1 else None  # one row's step outside MLX's graph (engine/kv/host_decode.py)
     plain_steps: list[float] = []
+    mlx_steps: list[float] = []  # MLX's step (with sgemv) where the host step serves
     whole_steps: list[float] = []  # forward + eval + sampler of each timed step, as plain_step times them
+    host_timers: dict[str, float] = {}
 
     def plain_step(timed: bool) -> None:
         t0 = time.perf_counter()
         with row_gemv.suspended():
-            step(False)
+            step(False, served=False)
         if timed:
             plain_steps.append(time.perf_counter() - t0)
 
-    def step(timed: bool) -> None:
-        nonlocal tokens
+    def mlx_step(timed: bool) -> None:
         t0 = time.perf_counter()
-        logits = runner.forward(tokens, cache)
+        step(False, served=False)
+        if timed:
+            mlx_steps.append(time.perf_counter() - t0)
+
+    def step(timed: bool, served: bool = True) -> None:
+        nonlocal tokens
+        if host is not None:
+            host.timers = host_timers if timed else None
+        t0 = time.perf_counter()
+        logits = runner.forward(tokens, cache, host=served)
         t1 = time.perf_counter()
         mx.eval(logits)
         t2 = time.perf_counter()
@@ -509,6 +520,8 @@ def measure_run(engine: Any, rows: int, context: int, steps: int, machine: dict[
         t3 = time.perf_counter()
         cache.advance([1] * rows)
         tokens = [[int(t)] for t in picked]
+        if host is not None:
+            host.timers = None
         if timed:
             fwd.append(t1 - t0)
             evl.append(t2 - t1)
@@ -521,7 +534,7 @@ def measure_run(engine: Any, rows: int, context: int, steps: int, machine: dict[
         nonlocal nodes, by_primitive
         with _MlxAttention(), row_gemv.suspended(), host_swiglu.suspended():
             t0 = time.perf_counter()
-            logits = runner.forward(tokens, cache)
+            logits = runner.forward(tokens, cache, host=False)
             t1 = time.perf_counter()
             if timed:
                 builds.append(t1 - t0)
@@ -547,6 +560,8 @@ def measure_run(engine: Any, rows: int, context: int, steps: int, machine: dict[
             step(r > 0)
             if ab:
                 plain_step(r > 0)
+            if host is not None:
+                mlx_step(r > 0)
         graph_alone(r > 0)
         timed_eval(weights if r else None, linears_alone)
         timed_eval(attn if r else None, attention_alone)
@@ -597,7 +612,11 @@ def measure_run(engine: Any, rows: int, context: int, steps: int, machine: dict[
             "ms_per_token": _r(total_ms / rows), "tok_s": _r(rows * 1e3 / total_ms, 2),
             "steps": len(fwd), "rounds": rounds,
         },
-        "row_gemv": _ab_report(ab, whole_steps, plain_steps),
+        "row_gemv": _ab_report(ab, whole_steps if host is None else mlx_steps, plain_steps),
+        "host_decode": None if host is None else {
+            **_ab_report(True, whole_steps, mlx_steps, "mlx_step"),
+            "split_ms": {k: _r(host_timers[k] / host_timers["steps"] * 1e3)
+                         for k in ("weights", "attention", "other")} if host_timers.get("steps") else None},
         "nodes": {"per_step": nodes, "per_token": _r(nodes / rows, 1),
                   "top_primitives": dict(by_primitive.most_common(10))},
         "split": {
@@ -607,7 +626,8 @@ def measure_run(engine: Any, rows: int, context: int, steps: int, machine: dict[
             "weights_fraction": _r(weights_ms / total_ms), "attention_fraction": _r(attention_ms / total_ms),
             "graph_build_fraction": _r(build_ms / total_ms), "other_fraction": _r(other_ms / total_ms),
             "linear_layers": len(layers), "weight_bytes": weight_bytes,
-            "weights_path": "sgemv (engine/kv/row_gemv.py)" if rows == 1 and runner.row_gemv.get("installed")
+            "weights_path": "numpy and sgemv outside MLX's graph (engine/kv/host_decode.py)" if host is not None
+            else "sgemv (engine/kv/row_gemv.py)" if rows == 1 and runner.row_gemv.get("installed")
             else "mlx matmul",
             "weights_read_gb_s": _r(weight_bytes / (weights_ms / 1e3) / GB, 2),
             "weights_by_shape": by_shape,
@@ -663,15 +683,15 @@ def _prefill_ab(runner: Any, cache: Any, chunk: list[int], rows: int, rounds: in
             "softmax_threads": attention_mod._workers()}
 
 
-def _ab_report(ab: bool, whole: list[float], plain: list[float]) -> dict[str, Any] | None:
-    """The same B=1 steps with the engine's sgemv path held off (row_gemv.suspended),
-    interleaved with the timed ones: the median ms of each (forward, eval and sampler)
-    and the speedup of the path the engine runs."""
+def _ab_report(ab: bool, whole: list[float], plain: list[float], name: str = "matmul_step") -> dict[str, Any] | None:
+    """The same B=1 steps with a path held off (the sgemv stand-ins: row_gemv.suspended;
+    the host step: MLX's step), interleaved with the timed ones: the median ms of each
+    (forward, eval and sampler) and the speedup of the path the engine runs."""
     if not ab or not plain or not whole:
         return None
     ours = statistics.median(whole) * 1e3
     theirs = statistics.median(plain) * 1e3
-    return {"step_ms": _r(ours), "matmul_step_ms": _r(theirs), "speedup": _r(theirs / ours)}
+    return {"step_ms": _r(ours), f"{name}_ms": _r(theirs), "speedup": _r(theirs / ours)}
 
 
 def served(engine: Any, tokens: int, repeats: int) -> dict[str, Any]:

@@ -12,17 +12,19 @@ import pytest
 from jumpahead.bench import command
 from jumpahead.bench.roofline import main
 from jumpahead.engine import memory
-from jumpahead.engine.kv import row_gemv
+from jumpahead.engine.kv import host_decode, row_gemv
 from jumpahead.engine.machine.cblas import bound_cblas
 
 
-@pytest.mark.parametrize("gemv", ["off", "on"])
-def test_roofline_report_adds_up(gemv: str, tiny_model_dir: Path, tmp_path: Path, monkeypatch) -> None:
-    """Both ways a decode row's weights are read (engine/kv/row_gemv.py): the split times
-    the path the engine runs, and every layer's bytes, the head's among them, count once."""
+@pytest.mark.parametrize("gemv,host", [("off", "off"), ("on", "off"), ("on", "on")])
+def test_roofline_report_adds_up(gemv: str, host: str, tiny_model_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    """Every way a decode row is run (MLX's matmul, the sgemv stand-ins of
+    engine/kv/row_gemv.py, the host step of engine/kv/host_decode.py): the split times the
+    path the engine runs, and every layer's bytes, the head's among them, count once."""
     if gemv == "on" and bound_cblas() is None:
         pytest.skip("no optimized BLAS bound: no sgemv path")
     monkeypatch.setenv(row_gemv.ENV, gemv)
+    monkeypatch.setenv(host_decode.ENV, host)
     out = tmp_path / "roofline.json"
     assert main(["--model", str(tiny_model_dir), "--contexts", "64", "--rows", "1", "--steps", "3",
                  "--repeats", "1", "--stream-mb", "16", "--matrices", "4", "--tokens", "6", "--out", str(out)]) == 0
@@ -56,7 +58,16 @@ def test_roofline_report_adds_up(gemv: str, tiny_model_dir: Path, tmp_path: Path
     assert split["attention_layers"] == shape["layers"] and split["weight_bytes"] == shape["weight_bytes"]
     assert sum(g["layers"] for g in split["weights_by_shape"].values()) == split["linear_layers"]
     assert any(name.startswith("head ") for name in split["weights_by_shape"])
-    assert split["weights_path"] == ("sgemv (engine/kv/row_gemv.py)" if gemv == "on" else "mlx matmul")
+    assert split["weights_path"] == ("numpy and sgemv outside MLX's graph (engine/kv/host_decode.py)" if host == "on"
+                                     else "sgemv (engine/kv/row_gemv.py)" if gemv == "on" else "mlx matmul")
+    if host == "on":  # the same steps through MLX's graph, interleaved; the host step's own split
+        ab = run["host_decode"]
+        assert ab["step_ms"] > 0 and ab["mlx_step_ms"] > 0
+        assert abs(ab["speedup"] - ab["mlx_step_ms"] / ab["step_ms"]) <= 0.01
+        parts = ab["split_ms"]
+        assert min(parts.values()) >= 0 and sum(parts.values()) <= ab["step_ms"] * 1.5
+    else:
+        assert run["host_decode"] is None
     if gemv == "on":  # the same steps on MLX's matmul, interleaved
         ab = run["row_gemv"]
         assert ab["step_ms"] > 0 and ab["matmul_step_ms"] > 0

@@ -25,6 +25,7 @@ import mlx.nn as nn
 
 from . import attention
 from . import fast_ops
+from . import host_decode
 from . import host_swiglu
 from . import model_check
 from . import row_gemv
@@ -99,6 +100,7 @@ class ModelRunner:
         # forward (lazy, [N, D] aligned with them): a learned drafter reads it
         # (engine/methods/drafter.py). Kept only while `keep_hidden` is set and the head splits.
         self.keep_hidden = False
+        self.host: host_decode.HostDecoder | None = None  # set after the load-time check
         self.last_hidden: mx.array | None = None
         # The trunk's final hidden state at every input of the last forward, per row
         # (lazy [W, D] each; a padded row's tail is padding): MTP (engine/methods/mtp.py) writes
@@ -124,6 +126,8 @@ class ModelRunner:
         self.padding_safe = self.serving.padded
         self.trimmable = self.serving.verifies
         self.one_row = single_row(self.layout) or not self.serving.batch
+        # one row's decode step in numpy and sgemv, outside MLX's graph, where verified and faster
+        self.host_decode, self.host = host_decode.install(self)
         for reason in self.serving.reasons:
             log.warning("%s: %s", self.model_type, reason)
 
@@ -139,6 +143,7 @@ class ModelRunner:
                     "fast_ops": self.fast_ops,
                     "row_gemv": self.row_gemv,
                     "swiglu": self.swiglu,
+                    "host_decode": self.host_decode,
                     "kv_cache": {**(self.kv_format.describe() if self.kv_format else {"format": "full"}),
                                  "bytes_per_token": self.kv_bytes_per_token,
                                  "sliding_window_bytes_per_row": self.window_bytes}})
@@ -227,6 +232,7 @@ class ModelRunner:
         positions: slice | None = slice(-1, None),
         starts: list[int] | None = None,
         lengths: list[int] | None = None,
+        host: bool = True,
     ) -> mx.array | None:
         """Run rows' tokens (equal widths) at their cache ends; return lazy logits.
 
@@ -235,11 +241,23 @@ class ModelRunner:
         overrides where each row writes (a round launched before the previous one
         was committed writes one past the current ends). `lengths`: each row's real
         tokens when rows are padded to one width (recurrent state stops there).
+        `host=False` keeps one row's step in MLX (engine/kv/host_decode.py verifies against it).
         """
+        if host and self.host is not None and self._host_step(tokens, positions, lengths):
+            cache.begin(1, starts)
+            return self.host.logits(int(tokens[0][0]), cache)
         inputs = tokens if isinstance(tokens, mx.array) else mx.array(tokens, dtype=mx.int32)
         cache.begin(inputs.shape[1], starts, lengths=lengths)
         with fast_ops.active(), self._host_swiglu():
             return self._forward(inputs, cache, positions)
+
+    def _host_step(self, tokens: list[list[int]] | mx.array, positions: slice | None, lengths: list[int] | None) -> bool:
+        """One row of one known token whose last logits are all that is asked for. A token
+        given as an MLX array is a pipelined round's lazy argmax (engine/schedule/scheduler.py):
+        its forward is queued before the token is read, which a host step cannot do."""
+        one = isinstance(tokens, list) and len(tokens) == 1 and len(tokens[0]) == 1
+        return (one and lengths is None and positions in (slice(-1, None), slice(None))
+                and not self.keep_hidden and not self.keep_all_hidden and self.host.current())
 
     def _host_swiglu(self) -> Any:
         """numpy's swiglu in this runner's forwards only where install routed it for this
