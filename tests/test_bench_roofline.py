@@ -66,8 +66,11 @@ def test_roofline_report_adds_up(gemv: str, host: str, tiny_model_dir: Path, tmp
         assert abs(ab["speedup"] - ab["mlx_step_ms"] / ab["step_ms"]) <= 0.01
         parts = ab["split_ms"]
         assert min(parts.values()) >= 0 and sum(parts.values()) <= ab["step_ms"] * 1.5
+        # the served step's split is the host step's own; it builds no graph
+        assert (split["weights_ms"], split["attention_ms"]) == (parts["weights"], parts["attention"])
+        assert split["graph_build_ms"] == 0 and split["mlx_parts"]["graph_build_ms"] > 0
     else:
-        assert run["host_decode"] is None
+        assert run["host_decode"] is None and split["mlx_parts"] is None
     if gemv == "on":  # the same steps on MLX's matmul, interleaved
         ab = run["row_gemv"]
         assert ab["step_ms"] > 0 and ab["matmul_step_ms"] > 0
