@@ -208,6 +208,7 @@ class HostDecoder:
         cos, sin = np.cos(ang), np.sin(ang)
         q, k, v, a, g, u = self._q, self._k, self._v, self._a, self._g, self._u
         x = self.embed[token].copy()
+        writes: list[mx.array] = []
         for layer, lc in zip(self.layers, cache.layers):
             h = _rms(x, layer.norm1, layer.eps1)
             if timers is not None:
@@ -219,19 +220,31 @@ class HostDecoder:
                 t1 = clock()
                 weights_s += t1 - t0
             kr = self._rope(k.reshape(Hkv, D), cos, sin)
-            keys, values = lc.update_and_fetch(mx.array(kr.reshape(1, Hkv, 1, D)), mx.array(v.reshape(1, Hkv, 1, D)))
-            mx.eval(keys, values)
-            K, V = np.asarray(keys)[0], np.asarray(values)[0]  # [Hkv, S, D] views of the cache
-            qr = self._rope(q.reshape(H, D), cos, sin) * np.float32(layer.scale)
-            # the keys as the left operand (read at up to 2x the rate, engine/kv/attention.py),
-            # then one contiguous row of S scores per query head: the softmax's reductions run
-            # along rows (over a strided axis they took 3-13x as long)
-            s = np.matmul(K, qr.reshape(Hkv, rep, D).transpose(0, 2, 1)).transpose(0, 2, 1).copy()  # [Hkv, rep, S]
+            vr = v.reshape(Hkv, D)
+            qr = self._rope(q.reshape(H, D), cos, sin).reshape(Hkv, rep, D) * np.float32(layer.scale)
+            # the keys before this token from the cache's buffer as the last evaluation left
+            # it (a numpy view), this token's own joined here; its write is queued through
+            # the cache's update and all layers' writes evaluated once at the end of the step
+            # (one hand-off to MLX instead of one a layer)
+            s = np.empty((Hkv, rep, pos + 1), np.float32)
+            if pos:
+                K = np.asarray(lc.keys)[0, :, :pos]  # [Hkv, pos, D]
+                # the keys as the left operand (read at up to 2x the rate, engine/kv/attention.py),
+                # stored as one row of scores per query head: the softmax's reductions run
+                # along rows (over a strided axis they took 3-13x as long)
+                s[:, :, :pos] = np.matmul(K, qr.transpose(0, 2, 1)).transpose(0, 2, 1)
+                del K
+            s[:, :, pos] = np.matmul(qr, kr[:, :, None])[:, :, 0]
             s -= s.max(axis=2, keepdims=True)
             np.exp(s, out=s)
             s /= s.sum(axis=2, keepdims=True)
-            o = np.matmul(s, V)  # [Hkv, rep, D]
-            del K, V, keys, values  # the cache's next write may reuse the buffer in place
+            o = s[:, :, pos:] * vr[:, None, :]  # [Hkv, rep, D]
+            if pos:
+                V = np.asarray(lc.values)[0, :, :pos]
+                o += np.matmul(s[:, :, :pos], V)
+                del V  # no view outlives the layer: the queued write can reuse the buffer in place
+            lc.update_and_fetch(mx.array(kr.reshape(1, Hkv, 1, D)), mx.array(vr.reshape(1, Hkv, 1, D)))
+            writes += [lc.keys, lc.values]
             if timers is not None:
                 t2 = clock()
                 attention_s += t2 - t1
@@ -255,6 +268,9 @@ class HostDecoder:
             if timers is not None:
                 weights_s += clock() - t6
             x += a
+        t_writes = clock()
+        mx.eval(writes)
+        attention_s += clock() - t_writes
         out = np.empty(self.head.shape[0], np.float32)
         h = _rms(x, self.norm, self.eps)
         t7 = clock()
