@@ -101,7 +101,8 @@ def _parts(module: nn.Module) -> set[str]:
 def _shape_of(model: nn.Module, layout: list) -> str | None:
     """Why this model is not Llama-shaped as this module runs it; None when it is."""
     trunk = model.get("model") if isinstance(model, dict) else None
-    if not isinstance(trunk, nn.Module) or _parts(trunk) != _TRUNK or _parts(model) - {"model", "lm_head"}:
+    if not isinstance(trunk, nn.Module) or _parts(trunk) != _TRUNK or _parts(model) - {"model", "lm_head"} \
+            or not isinstance(trunk["layers"], list) or not all(isinstance(x, nn.Module) for x in trunk["layers"]):
         return "the model is not a trunk of embed_tokens, layers and norm and a head"
     if any(kind.kind != FULL for kind in layout):
         return "not every layer is full attention"
@@ -358,16 +359,16 @@ def install(runner: Any) -> tuple[dict[str, Any], HostDecoder | None]:
         why = "not on the CPU"
     elif (cb := bound_cblas()) is None:
         why = "no optimized BLAS bound (MLX's reference BLAS has no sgemv to call)"
-    else:
-        why = _shape_of(runner.model, runner.layout)
     decoder = None
     if why is None:
+        # the model's own modules, read and run: whatever they raise leaves MLX's step serving
         try:
-            decoder = HostDecoder(runner.model, cb)
-        except ValueError as exc:
-            why = str(exc)
-    if decoder is not None:
-        why = _verify(runner, decoder)
+            why = _shape_of(runner.model, runner.layout)
+            if why is None:
+                decoder = HostDecoder(runner.model, cb)
+                why = _verify(runner, decoder)
+        except Exception as exc:  # noqa: BLE001
+            why = f"not Llama-shaped as run here: {type(exc).__name__}: {str(exc).strip()[:200]}"
     if why is None and mode != "on":
         mlx_s, host_s = _timed(runner, decoder)
         report["mlx_ms"], report["host_ms"] = round(mlx_s * 1e3, 2), round(host_s * 1e3, 2)
