@@ -31,7 +31,6 @@ are token-level with near-ties proved (tests/oracle.py).
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +42,7 @@ from mlx.utils import tree_flatten
 
 from ..machine.cblas import Cblas, bound_cblas
 from .cache_layout import FULL
+from .row_gemv import env_mode
 
 ENV = "JUMPAHEAD_HOST_DECODE"
 # Logits within this fraction of their largest magnitude of MLX's at every verified step
@@ -59,11 +59,6 @@ _ATTENTION = {"q_proj", "k_proj", "v_proj", "o_proj", "rope"}
 _MLP = {"gate_proj", "up_proj", "down_proj"}
 _LAYER = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
 _TRUNK = {"embed_tokens", "layers", "norm"}
-
-
-def _mode() -> str:
-    raw = (os.environ.get(ENV) or "auto").strip().lower()
-    return {"0": "off", "false": "off", "no": "off", "1": "on", "true": "on", "yes": "on"}.get(raw, raw)
 
 
 def _w(module: nn.Module, sources: list, name: str = "weight") -> np.ndarray:
@@ -349,7 +344,7 @@ def install(runner: Any) -> tuple[dict[str, Any], HostDecoder | None]:
     """The host step for this runner's model where verified (and measured faster):
     /health's account and the decoder, or None."""
     report: dict[str, Any] = {"installed": False}
-    mode = _mode()
+    mode = env_mode(ENV)
     why = None
     if mode == "off":
         why = f"{ENV}=off"

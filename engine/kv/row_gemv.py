@@ -153,8 +153,9 @@ class GemvEmbedding(_StandIn):
         return self.original.as_linear(x)
 
 
-def _mode() -> str:
-    raw = (os.environ.get(ENV) or "auto").strip().lower()
+def env_mode(env: str = ENV) -> str:
+    """An `off`/`on`/`auto` switch from the environment (`auto` when unset)."""
+    raw = (os.environ.get(env) or "auto").strip().lower()
     return {"0": "off", "false": "off", "no": "off", "1": "on", "true": "on", "yes": "on"}.get(raw, raw)
 
 
@@ -210,7 +211,7 @@ def install(model: nn.Module, head: Any = None, quantized_kv: bool = False) -> t
     embedding) where verified and measured faster. Returns /health's account and the
     head to call from now on (`head`, or its stand-in's)."""
     report: dict[str, Any] = {"installed": False, "modules": 0, "left": []}
-    mode = _mode()
+    mode = env_mode()
     if mode == "off":
         report["left"].append(f"{ENV}=off")
         return report, head
