@@ -488,7 +488,8 @@ def measure_run(engine: Any, rows: int, context: int, steps: int, machine: dict[
               "graph, the weights and the attention alone")
 
     ab = rows == 1 and bool(runner.row_gemv.get("installed"))  # sgemv against MLX's matmul, interleaved
-    host = runner.host if rows == 1 else None  # one row's step outside MLX's graph (engine/kv/host_decode.py)
+    # the rows' step outside MLX's graph where it serves this many (engine/kv/host_decode.py)
+    host = runner.host if runner.host is not None and rows <= runner.host.max_rows else None
     plain_steps: list[float] = []
     mlx_steps: list[float] = []  # MLX's step (with sgemv) where the host step serves
     whole_steps: list[float] = []  # forward + eval + sampler of each timed step, as plain_step times them
@@ -633,7 +634,8 @@ def measure_run(engine: Any, rows: int, context: int, steps: int, machine: dict[
             "weights_fraction": _r(weights_ms / total_ms), "attention_fraction": _r(attention_ms / total_ms),
             "graph_build_fraction": _r(build_ms / total_ms), "other_fraction": _r(other_ms / total_ms),
             "linear_layers": len(layers), "weight_bytes": weight_bytes,
-            "weights_path": "numpy and sgemv outside MLX's graph (engine/kv/host_decode.py)" if host is not None
+            "weights_path": f"numpy and {'sgemv' if rows == 1 else 'sgemm'} outside MLX's graph "
+                            "(engine/kv/host_decode.py)" if host is not None
             else "sgemv (engine/kv/row_gemv.py)" if rows == 1 and runner.row_gemv.get("installed")
             else "mlx matmul",
             "weights_read_gb_s": _r(weight_bytes / (weights_ms / 1e3) / GB, 2),

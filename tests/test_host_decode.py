@@ -59,6 +59,79 @@ def test_tiny_model_decodes_as_through_mlx(tiny_model_dir, monkeypatch) -> None:
             assert mx.abs(h[..., :end, :] - m[..., :end, :]).max().item() <= 1e-4 * (mx.abs(m).max().item() + 1e-6)
 
 
+def _greedy_rows(runner: ModelRunner, prompts: list[list[int]], n: int, host: bool) -> tuple[list[list[int]], list[mx.array]]:
+    """Rows of different lengths in one group, decoded together n steps."""
+    cache = host_decode._group(runner, prompts)
+    logits = mx.stack([runner.fresh_logits(p) for p in prompts])[:, None, :]
+    out: list[list[int]] = [[] for _ in prompts]
+    steps = []
+    for _ in range(n):
+        toks = mx.argmax(logits[:, -1], axis=-1).tolist()
+        for row, t in zip(out, toks):
+            row.append(t)
+        logits = runner.forward([[t] for t in toks], cache, host=host)
+        mx.eval(logits)
+        steps.append(logits)
+        cache.advance([1] * len(prompts))
+    return out, steps
+
+
+def test_tiny_model_rows_decode_as_through_mlx(tiny_model_dir, monkeypatch) -> None:
+    """Several rows at their own positions in one host step (the columns past a shorter
+    row's end masked): each row's greedy tokens as MLX's batched step gives them, logits
+    within float noise at every step, and each row as the same row decoded alone."""
+    model, _, _ = load_model(str(tiny_model_dir), progress=lambda s: None)
+    monkeypatch.setenv(host_decode.ENV, "on")
+    runner = ModelRunner(model)
+    report = runner.describe()["host_decode"]
+    assert report["installed"] and report["max_rows"] == host_decode.ROWS, report
+    prompts = [[3, 17, 250, 9, 41, 7, 1000, 5, 12, 99], [44, 8, 301], [5, 6, 7, 8, 9, 10], [77] * 5]
+    steps_before = runner.host.steps
+    got, got_logits = _greedy_rows(runner, prompts, 12, host=True)
+    assert runner.host.steps - steps_before == 12  # every step was the host's, all rows in one
+    want, want_logits = _greedy_rows(runner, prompts, 12, host=False)
+    for b, prompt in enumerate(prompts):
+        assert_same_or_near_tie(model, prompt, got[b], want[b])
+        alone, _, _ = _greedy(runner, prompt, 12, host=True)  # a row in the batch equals the row alone
+        assert_same_or_near_tie(model, prompt, got[b], alone)
+    same = min(next((i for i, (a, c) in enumerate(zip(g, w)) if a != c), len(g)) for g, w in zip(got, want))
+    for a, b in zip(got_logits[:same], want_logits[:same]):
+        assert a.shape == b.shape == (len(prompts), 1, model.args.vocab_size)
+        assert mx.abs(a - b).max().item() <= 1e-4 * mx.abs(b).max().item()
+
+
+def test_the_served_path_takes_the_host_step(tiny_model_dir, monkeypatch) -> None:
+    """The scheduler's decode rounds (one row, and rows together) reach the host step, as
+    served: not only a direct call of the runner."""
+    import asyncio
+
+    from jumpahead.engine.engine import Engine, EngineConfig
+    from jumpahead.engine.types import GenerationRequest
+
+    monkeypatch.setenv(host_decode.ENV, "on")
+    engine = Engine.load(str(tiny_model_dir), EngineConfig(prefix_cache=False), progress=lambda s: None)
+    try:
+        host = engine.runner.host
+        assert host is not None, engine.runner.describe()["host_decode"]
+
+        async def run(prompts: list[list[int]]) -> list[list[int]]:
+            async def one(p: list[int]) -> list[int]:
+                out = []
+                async for chunk in engine.stream(GenerationRequest(prompt=p, max_tokens=8, stop_token_ids=[])):
+                    out += chunk.tokens
+                return out
+            return await asyncio.gather(*[one(p) for p in prompts])
+
+        before = host.steps
+        (alone,) = asyncio.run(run([[3, 17, 250, 9]]))
+        assert host.steps - before >= len(alone) - 1 > 0, "a served row's decode steps did not reach the host step"
+        before = host.steps
+        rows = asyncio.run(run([[3, 17, 250, 9], [5, 6, 7], [8, 9, 10, 11, 12]]))
+        assert host.steps - before >= max(len(r) for r in rows) - 2 > 0, "rows decoded together missed the host step"
+    finally:
+        engine.close()
+
+
 def test_default_model_is_served_with_its_verdict(engine, monkeypatch) -> None:
     """The default model: verified here, installed where measured faster, the reason in
     /health's layers.host_decode otherwise; greedy decoding through the served runner

@@ -241,22 +241,24 @@ class ModelRunner:
         overrides where each row writes (a round launched before the previous one
         was committed writes one past the current ends). `lengths`: each row's real
         tokens when rows are padded to one width (recurrent state stops there).
-        `host=False` keeps one row's step in MLX (engine/kv/host_decode.py verifies against it).
+        `host=False` keeps a decode step in MLX (engine/kv/host_decode.py verifies against it).
         """
         if host and self.host is not None and self._host_step(tokens, positions, lengths):
             cache.begin(1, starts)
-            return self.host.logits(int(tokens[0][0]), cache)
+            return self.host.logits([int(t[0]) for t in tokens], cache)
         inputs = tokens if isinstance(tokens, mx.array) else mx.array(tokens, dtype=mx.int32)
         cache.begin(inputs.shape[1], starts, lengths=lengths)
         with fast_ops.active(), self._host_swiglu():
             return self._forward(inputs, cache, positions)
 
     def _host_step(self, tokens: list[list[int]] | mx.array, positions: slice | None, lengths: list[int] | None) -> bool:
-        """One row of one known token whose last logits are all that is asked for. A token
-        given as an MLX array is a pipelined round's lazy argmax (engine/schedule/scheduler.py):
-        its forward is queued before the token is read, which a host step cannot do."""
-        one = isinstance(tokens, list) and len(tokens) == 1 and len(tokens[0]) == 1
-        return (one and lengths is None and positions in (slice(-1, None), slice(None))
+        """Rows of one known token each (as many as the host step serves) whose last logits
+        are all that is asked for. A token given as an MLX array is a pipelined round's lazy
+        argmax (engine/schedule/scheduler.py): its forward is queued before the token is
+        read, which a host step cannot do."""
+        one = isinstance(tokens, list) and 0 < len(tokens) <= self.host.max_rows and all(len(t) == 1 for t in tokens)
+        return (one and (lengths is None or all(n == 1 for n in lengths))
+                and positions in (slice(-1, None), slice(None))
                 and not self.keep_hidden and not self.keep_all_hidden and self.host.current())
 
     def _host_swiglu(self) -> Any:
