@@ -86,18 +86,37 @@ def test_tiny_model_rows_decode_as_through_mlx(tiny_model_dir, monkeypatch) -> N
     report = runner.describe()["host_decode"]
     assert report["installed"] and report["max_rows"] == host_decode.ROWS, report
     prompts = [[3, 17, 250, 9, 41, 7, 1000, 5, 12, 99], [44, 8, 301], [5, 6, 7, 8, 9, 10], [77] * 5]
-    steps_before = runner.host.steps
-    got, got_logits = _greedy_rows(runner, prompts, 12, host=True)
-    assert runner.host.steps - steps_before == 12  # every step was the host's, all rows in one
     want, want_logits = _greedy_rows(runner, prompts, 12, host=False)
-    for b, prompt in enumerate(prompts):
-        assert_same_or_near_tie(model, prompt, got[b], want[b])
-        alone, _, _ = _greedy(runner, prompt, 12, host=True)  # a row in the batch equals the row alone
-        assert_same_or_near_tie(model, prompt, got[b], alone)
-    same = min(next((i for i, (a, c) in enumerate(zip(g, w)) if a != c), len(g)) for g, w in zip(got, want))
-    for a, b in zip(got_logits[:same], want_logits[:same]):
-        assert a.shape == b.shape == (len(prompts), 1, model.args.vocab_size)
-        assert mx.abs(a - b).max().item() <= 1e-4 * mx.abs(b).max().item()
+    # each linear through one sgemm of the rows, and through sgemv a row (install picks by shape)
+    for per_row in (set(), set(runner.host.weights_by_shape())):
+        runner.host.per_row = per_row
+        steps_before = runner.host.steps
+        got, got_logits = _greedy_rows(runner, prompts, 12, host=True)
+        assert runner.host.steps - steps_before == 12  # every step was the host's, all rows in one
+        for b, prompt in enumerate(prompts):
+            assert_same_or_near_tie(model, prompt, got[b], want[b])
+            alone, _, _ = _greedy(runner, prompt, 12, host=True)  # a row in the batch equals the row alone
+            assert_same_or_near_tie(model, prompt, got[b], alone)
+        same = min(next((i for i, (a, c) in enumerate(zip(g, w)) if a != c), len(g)) for g, w in zip(got, want))
+        for a, b in zip(got_logits[:same], want_logits[:same]):
+            assert a.shape == b.shape == (len(prompts), 1, model.args.vocab_size)
+            assert mx.abs(a - b).max().item() <= 1e-4 * mx.abs(b).max().item()
+
+
+def test_rows_calibration_times_every_weight_shape(tiny_model_dir, monkeypatch) -> None:
+    """Which way rows read each weight shape is measured on the model's own weights: every
+    shape timed both ways, the faster one chosen."""
+    model, _, _ = load_model(str(tiny_model_dir), progress=lambda s: None)
+    monkeypatch.setenv(host_decode.ENV, "on")
+    decoder = ModelRunner(model).host
+    report = decoder.calibrate(host_decode.ROWS)
+    shapes = decoder.weights_by_shape()
+    assert set(report) == {f"{n}x{k}" for n, k in shapes}
+    for (n, k) in shapes:
+        times = report[f"{n}x{k}"]
+        chosen = "sgemv" if (n, k) in decoder.per_row else "sgemm"
+        other = "sgemm" if chosen == "sgemv" else "sgemv"
+        assert times["chosen"] == chosen and 0 < times[chosen] <= times[other], times
 
 
 def test_the_served_path_takes_the_host_step(tiny_model_dir, monkeypatch) -> None:

@@ -184,6 +184,7 @@ class HostDecoder:
         self.timers: dict[str, float] | None = None
         self.steps = 0  # steps taken (tests check the served path reaches it)
         self.max_rows = 1  # rows a step serves: more where install measured the rows' step faster
+        self.per_row: set[tuple[int, int]] = set()  # weight shapes rows read by sgemv a row (`calibrate`)
 
     def current(self) -> bool:
         """The model still holds the parameters the views read (an adapter can replace them)."""
@@ -297,13 +298,61 @@ class HostDecoder:
         return mx.array(out).reshape(1, 1, -1)
 
 
+    def rows_linear(self, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
+        """y [B, N] = x [B, K] @ w^T for rows decoded together: one sgemm of all rows, or
+        sgemv a row where install measured that faster for this weight's shape (OpenBLAS's
+        sgemm packs the weight first; for some shapes re-reading it per row from the
+        cache beats that, for others not: measured, `calibrate`)."""
+        if w.shape in self.per_row:
+            for i in range(x.shape[0]):
+                self.cb.sgemv(w, x[i], y[i])
+        else:
+            self.cb.sgemm_xwt(x, w, y)
+
+    def weights_by_shape(self) -> dict[tuple[int, int], list[np.ndarray]]:
+        """Every linear weight the step reads (the head among them), by shape."""
+        out: dict[tuple[int, int], list[np.ndarray]] = {}
+        for layer in self.layers:
+            for w in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down):
+                out.setdefault(w.shape, []).append(w)
+        out.setdefault(self.head.shape, []).append(self.head)
+        return out
+
+    def calibrate(self, rows: int) -> dict[str, Any]:
+        """For each weight shape, whether `rows` rows go through one sgemm or a sgemv a
+        row: each timed over all of the model's weights of that shape (read from memory,
+        as a step reads them), interleaved, best of TIMING_ROUNDS + 1. Returns the choice
+        and both times by shape."""
+        report: dict[str, Any] = {}
+        self.per_row = set()
+        for shape, ws in self.weights_by_shape().items():
+            x = np.ones((rows, shape[1]), np.float32)
+            y = np.empty((rows, shape[0]), np.float32)
+            best = {"sgemm": float("inf"), "sgemv": float("inf")}
+            for _ in range(TIMING_ROUNDS + 1):
+                for way in best:
+                    t0 = time.perf_counter()
+                    for w in ws:
+                        if way == "sgemm":
+                            self.cb.sgemm_xwt(x, w, y)
+                        else:
+                            for i in range(rows):
+                                self.cb.sgemv(w, x[i], y[i])
+                    best[way] = min(best[way], time.perf_counter() - t0)
+            chosen = "sgemv" if best["sgemv"] < best["sgemm"] else "sgemm"
+            if chosen == "sgemv":
+                self.per_row.add(shape)
+            report[f"{shape[0]}x{shape[1]}"] = {**{k: round(v * 1e3, 3) for k, v in best.items()}, "chosen": chosen}
+        return report
+
     def _rows(self, tokens: list[int], cache: Any) -> mx.array:
-        """B rows, each at its own position: the linears through one sgemm of all rows (a
-        weight read once a step, as MLX's matmul reads it), the attention batched over the
-        rows with each row's columns past its own end masked (stale keys of a rolled-back
-        proposal or of a longer row's positions)."""
-        cb, H, Hkv, D, rep = self.cb, self.heads, self.kv_heads, self.head_dim, self.rep
+        """B rows, each at its own position: each linear's weight read once a step through
+        sgemm, or a row at a time through sgemv where measured faster (`rows_linear`), the
+        attention batched over the rows with each row's columns past its own end masked
+        (stale keys of a rolled-back proposal or of a longer row's positions)."""
+        H, Hkv, D, rep = self.heads, self.kv_heads, self.head_dim, self.rep
         B = len(tokens)
+        lin = self.rows_linear
         timers = self.timers
         clock = time.perf_counter
         t_start = clock()
@@ -327,9 +376,9 @@ class HostDecoder:
         for layer, lc in zip(self.layers, cache.layers):
             h = _rms_rows(x, layer.norm1, layer.eps1)
             t0 = clock()
-            cb.sgemm_xwt(h, layer.q, q)
-            cb.sgemm_xwt(h, layer.k, k)
-            cb.sgemm_xwt(h, layer.v, v)
+            lin(h, layer.q, q)
+            lin(h, layer.k, k)
+            lin(h, layer.v, v)
             t1 = clock()
             weights_s += t1 - t0
             kr = self._rope(k.reshape(B, Hkv, D), cos, sin)
@@ -355,16 +404,16 @@ class HostDecoder:
             writes += [lc.keys, lc.values]
             t2 = clock()
             attention_s += t2 - t1
-            cb.sgemm_xwt(np.ascontiguousarray(o.reshape(B, H * D)), layer.o, a)
+            lin(np.ascontiguousarray(o.reshape(B, H * D)), layer.o, a)
             x += a
             h = _rms_rows(x, layer.norm2, layer.eps2)
             t3 = clock()
-            cb.sgemm_xwt(h, layer.gate, g)
-            cb.sgemm_xwt(h, layer.up, u)
+            lin(h, layer.gate, g)
+            lin(h, layer.up, u)
             t4 = clock()
             m = np.ascontiguousarray(g / (np.float32(1.0) + np.exp(-g)) * u)
             t5 = clock()
-            cb.sgemm_xwt(m, layer.down, a)
+            lin(m, layer.down, a)
             weights_s += (t3 - t2) + (t4 - t3) + (clock() - t5)  # the o projection's norm counts in
             x += a
         t_writes = clock()
@@ -373,7 +422,7 @@ class HostDecoder:
         out = np.empty((B, self.head.shape[0]), np.float32)
         h = _rms_rows(x, self.norm, self.eps)
         t6 = clock()
-        cb.sgemm_xwt(h, self.head, out)
+        lin(h, self.head, out)
         if timers is not None:
             end = clock()
             weights_s += end - t6
@@ -489,6 +538,7 @@ def install(runner: Any) -> tuple[dict[str, Any], HostDecoder | None]:
             if host_s * MIN_GAIN > mlx_s:
                 why = f"one row's step measured {host_s * 1e3:.1f} ms against {mlx_s * 1e3:.1f} ms through MLX"
         if why is None and rows_why is None and mode != "on":
+            report["rows_linears"] = decoder.calibrate(ROWS)
             mlx_s, host_s = _timed(runner, decoder, ROWS)
             report["rows"] = {"rows": ROWS, "mlx_ms": round(mlx_s * 1e3, 2), "host_ms": round(host_s * 1e3, 2)}
             if host_s * ROWS_MIN_GAIN > mlx_s:
