@@ -196,3 +196,16 @@ def test_off_keeps_mlxs_step(tiny_model_dir, monkeypatch) -> None:
     monkeypatch.setenv(host_decode.ENV, "off")
     runner = ModelRunner(model)
     assert runner.host is None and runner.describe()["host_decode"]["left"] == f"{host_decode.ENV}=off"
+
+
+def test_rows_that_compute_wrong_are_left_to_mlx(tiny_model_dir, monkeypatch) -> None:
+    """The rows' step is verified apart from one row's: rows computed wrong (here a norm
+    that does not normalize) leave rows to MLX's step with the measured difference, while
+    one row keeps the host step."""
+    model, _, _ = load_model(str(tiny_model_dir), progress=lambda s: None)
+    monkeypatch.setenv(host_decode.ENV, "on")
+    monkeypatch.setattr(host_decode, "_rms_rows", lambda x, w, eps: x * w)
+    runner = ModelRunner(model)
+    report = runner.describe()["host_decode"]
+    assert report["installed"] and report["max_rows"] == 1, report
+    assert "from MLX's" in report["rows_left"] and report["rows_left"].startswith(f"{host_decode.ROWS} row(s)"), report

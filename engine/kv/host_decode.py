@@ -525,10 +525,14 @@ def install(runner: Any) -> tuple[dict[str, Any], HostDecoder | None]:
             if why is None:
                 decoder = HostDecoder(runner.model, cb)
                 why = _verify(runner, decoder)
-                # several rows: verified against MLX's batched step; left to it where that fails
-                rows_why = None if runner.one_row else _verify(runner, decoder, ROWS)
         except Exception as exc:  # noqa: BLE001
             why = f"not Llama-shaped as run here: {type(exc).__name__}: {str(exc).strip()[:200]}"
+    if why is None and not runner.one_row:
+        # several rows: verified against MLX's batched step; left to it where that fails or raises
+        try:
+            rows_why = _verify(runner, decoder, ROWS)
+        except Exception as exc:  # noqa: BLE001
+            rows_why = f"rows not run here: {type(exc).__name__}: {str(exc).strip()[:200]}"
     if why is None:
         if runner.one_row:
             rows_why = "rows are served one at a time"
@@ -538,11 +542,14 @@ def install(runner: Any) -> tuple[dict[str, Any], HostDecoder | None]:
             if host_s * MIN_GAIN > mlx_s:
                 why = f"one row's step measured {host_s * 1e3:.1f} ms against {mlx_s * 1e3:.1f} ms through MLX"
         if why is None and rows_why is None and mode != "on":
-            report["rows_linears"] = decoder.calibrate(ROWS)
-            mlx_s, host_s = _timed(runner, decoder, ROWS)
-            report["rows"] = {"rows": ROWS, "mlx_ms": round(mlx_s * 1e3, 2), "host_ms": round(host_s * 1e3, 2)}
-            if host_s * ROWS_MIN_GAIN > mlx_s:
-                rows_why = f"{ROWS} rows' step measured {host_s * 1e3:.1f} ms against {mlx_s * 1e3:.1f} ms through MLX"
+            try:
+                report["rows_linears"] = decoder.calibrate(ROWS)
+                mlx_s, host_s = _timed(runner, decoder, ROWS)
+                report["rows"] = {"rows": ROWS, "mlx_ms": round(mlx_s * 1e3, 2), "host_ms": round(host_s * 1e3, 2)}
+                if host_s * ROWS_MIN_GAIN > mlx_s:
+                    rows_why = f"{ROWS} rows' step measured {host_s * 1e3:.1f} ms against {mlx_s * 1e3:.1f} ms through MLX"
+            except Exception as exc:  # noqa: BLE001
+                rows_why = f"rows not timed here: {type(exc).__name__}: {str(exc).strip()[:200]}"
     if why is not None:
         report["left"] = why
         return report, None
