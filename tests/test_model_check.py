@@ -175,7 +175,8 @@ def test_a_failing_batched_round_goes_on_one_row_at_a_time(tiny_model):
         prompts = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True)
                    for t in TEXTS[:3]]
         prompts[1] = [4242] + prompts[1]
-        alone = [tokens_of(eng.generate_sync(GenerationRequest(prompt=p, max_tokens=16))) for p in prompts]
+        # long enough that the rows overlap however fast a step is (the host step: ~1 ms a token here)
+        alone = [tokens_of(eng.generate_sync(GenerationRequest(prompt=p, max_tokens=64))) for p in prompts]
         state = {"batched_failed": False}
         real_ragged, real_forward = eng.runner.forward_ragged, eng.runner.forward
 
@@ -196,8 +197,8 @@ def test_a_failing_batched_round_goes_on_one_row_at_a_time(tiny_model):
         async def together(ps):
             async def run(p, delay):
                 await asyncio.sleep(delay)
-                return [c async for c in eng.stream(GenerationRequest(prompt=p, max_tokens=16))]
-            return await asyncio.gather(*[run(p, 0.02 * i) for i, p in enumerate(ps)])
+                return [c async for c in eng.stream(GenerationRequest(prompt=p, max_tokens=64))]
+            return await asyncio.gather(*[run(p, 0.002 * i) for i, p in enumerate(ps)])
 
         first = asyncio.run(together(prompts))
         assert state["batched_failed"] and eng.metrics()["rows_requeued"] >= 2
