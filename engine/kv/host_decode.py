@@ -183,6 +183,7 @@ class HostDecoder:
         self._u = np.empty(inter, np.float32)
         self.timers: dict[str, float] | None = None
         self.steps = 0  # steps taken (tests check the served path reaches it)
+        self.row_steps = 0  # of them, steps of more than one row
         self.max_rows = 1  # rows a step serves: more where install measured the rows' step faster
         self.per_row: set[tuple[int, int]] = set()  # weight shapes rows read by sgemv a row (`calibrate`)
 
@@ -207,6 +208,7 @@ class HostDecoder:
         self.steps += 1
         if len(tokens) == 1:
             return self._row(tokens[0], cache)
+        self.row_steps += 1
         return self._rows(tokens, cache)
 
     def _row(self, token: int, cache: Any) -> mx.array:
@@ -290,13 +292,8 @@ class HostDecoder:
         t7 = clock()
         cb.sgemv(self.head, h, out)
         if timers is not None:
-            end = clock()
-            weights_s += end - t7
-            for name, value in (("weights", weights_s), ("attention", attention_s),
-                                ("other", end - t_start - weights_s - attention_s), ("steps", 1)):
-                timers[name] = timers.get(name, 0.0) + value
+            _account(timers, t_start, t7, weights_s, attention_s)
         return mx.array(out).reshape(1, 1, -1)
-
 
     def rows_linear(self, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
         """y [B, N] = x [B, K] @ w^T for rows decoded together: one sgemm of all rows, or
@@ -304,8 +301,7 @@ class HostDecoder:
         sgemm packs the weight first; for some shapes re-reading it per row from the
         cache beats that, for others not: measured, `calibrate`)."""
         if w.shape in self.per_row:
-            for i in range(x.shape[0]):
-                self.cb.sgemv(w, x[i], y[i])
+            _sgemv_rows(self.cb, x, w, y)
         else:
             self.cb.sgemm_xwt(x, w, y)
 
@@ -328,16 +324,13 @@ class HostDecoder:
         for shape, ws in self.weights_by_shape().items():
             x = np.ones((rows, shape[1]), np.float32)
             y = np.empty((rows, shape[0]), np.float32)
-            best = {"sgemm": float("inf"), "sgemv": float("inf")}
+            ways = {"sgemm": self.cb.sgemm_xwt, "sgemv": lambda x, w, y: _sgemv_rows(self.cb, x, w, y)}
+            best = {way: float("inf") for way in ways}
             for _ in range(TIMING_ROUNDS + 1):
-                for way in best:
+                for way, call in ways.items():
                     t0 = time.perf_counter()
                     for w in ws:
-                        if way == "sgemm":
-                            self.cb.sgemm_xwt(x, w, y)
-                        else:
-                            for i in range(rows):
-                                self.cb.sgemv(w, x[i], y[i])
+                        call(x, w, y)
                     best[way] = min(best[way], time.perf_counter() - t0)
             chosen = "sgemv" if best["sgemv"] < best["sgemm"] else "sgemm"
             if chosen == "sgemv":
@@ -414,7 +407,7 @@ class HostDecoder:
             m = np.ascontiguousarray(g / (np.float32(1.0) + np.exp(-g)) * u)
             t5 = clock()
             lin(m, layer.down, a)
-            weights_s += (t3 - t2) + (t4 - t3) + (clock() - t5)  # the o projection's norm counts in
+            weights_s += (t4 - t2) + (clock() - t5)  # the o projection's residual and norm count in
             x += a
         t_writes = clock()
         mx.eval(writes)
@@ -424,12 +417,23 @@ class HostDecoder:
         t6 = clock()
         lin(h, self.head, out)
         if timers is not None:
-            end = clock()
-            weights_s += end - t6
-            for name, value in (("weights", weights_s), ("attention", attention_s),
-                                ("other", end - t_start - weights_s - attention_s), ("steps", 1)):
-                timers[name] = timers.get(name, 0.0) + value
+            _account(timers, t_start, t6, weights_s, attention_s)
         return mx.array(out).reshape(B, 1, -1)
+
+
+def _sgemv_rows(cb: Cblas, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
+    """y [B, N] = x [B, K] @ w^T as one sgemv a row."""
+    for i in range(x.shape[0]):
+        cb.sgemv(w, x[i], y[i])
+
+
+def _account(timers: dict[str, float], t_start: float, t_head: float, weights_s: float, attention_s: float) -> None:
+    """Add one step's split (`bench roofline`) to `timers`; the head's sgemv/sgemm began at `t_head`."""
+    end = time.perf_counter()
+    weights_s += end - t_head
+    for name, value in (("weights", weights_s), ("attention", attention_s),
+                        ("other", end - t_start - weights_s - attention_s), ("steps", 1)):
+        timers[name] = timers.get(name, 0.0) + value
 
 
 def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -556,7 +560,7 @@ def install(runner: Any) -> tuple[dict[str, Any], HostDecoder | None]:
     report["installed"] = True
     if rows_why is None:
         decoder.max_rows = ROWS
-    report["max_rows"] = decoder.max_rows
-    if rows_why is not None:
+    else:
         report["rows_left"] = rows_why
+    report["max_rows"] = decoder.max_rows
     return report, decoder
