@@ -13,6 +13,9 @@ import mlx.core as mx
 import pytest
 
 from jumpahead.engine.kv import attention as att
+from jumpahead.engine.kv import prefill_attention as pa
+from jumpahead.engine.kv import host_work
+from jumpahead.engine.machine import blas
 
 
 def _inputs(B: int, Hq: int, Hkv: int, L: int, S: int, seed: int = 0):
@@ -65,9 +68,10 @@ def test_numpy_softmax_attention_equals_mlx_kernel(monkeypatch, B, Hq, Hkv, L, S
     ],
 )
 def test_per_head_path_is_bit_identical_to_the_batched_one(monkeypatch, B, Hq, Hkv, L, S):
-    """The prefill path (2D matmuls per key head) gives the very bits of the batched
-    path, and both match MLX's kernel."""
+    """The prefill path through MLX (2D matmuls per key head; where the blocked path
+    does not serve) gives the very bits of the batched path, and both match MLX's kernel."""
     monkeypatch.setattr(att, "NUMPY_MIN", 0)
+    monkeypatch.setattr(pa._off, "n", 1, raising=False)  # the blocked path held off on this thread
     q, k, v = _inputs(B, Hq, Hkv, L, S, seed=L)
     monkeypatch.setattr(att, "PER_HEAD_MIN_ROWS", 10**9)
     batched = att.attention(q, k, v, 0.125, "causal")
@@ -78,6 +82,63 @@ def test_per_head_path_is_bit_identical_to_the_batched_one(monkeypatch, B, Hq, H
     assert mx.array_equal(per_head, batched).item() and mx.array_equal(got, batched).item()
     want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal")
     assert mx.abs(got - want).max().item() < 2e-5
+
+
+needs_blocked = pytest.mark.skipif(
+    not (pa.bound_cblas() and blas.threads_settable()),
+    reason="no bound BLAS whose threads can be set (the blocked prefill attention does not serve here)")
+
+
+@needs_blocked
+@pytest.mark.parametrize(
+    "B,Hq,Hkv,L,S,causal",
+    [
+        (1, 9, 3, 512, 2048, True),  # a prefill chunk at 2k context, the default model's heads
+        (1, 9, 3, 300, 300, True),  # a first chunk, not a multiple of the block
+        (3, 8, 2, 70, 333, True),  # three uniform rows
+        (1, 4, 1, 130, 1000, True),  # Gemma 3 270M's grouping: four query heads a key head
+        (2, 4, 4, 64, 90, False),  # no mask, no grouped heads
+    ],
+)
+def test_blocked_prefill_attention(monkeypatch, B, Hq, Hkv, L, S, causal):
+    """The blocked path (engine/kv/prefill_attention.py) runs where a prefill chunk's
+    attention goes, matches MLX's kernel to float32 rounding, gives each batched row the
+    bits of the same row alone and the same bits on one thread as on several, over keys
+    that are slices of a larger cache buffer, and leaves the BLAS's threads as it found them."""
+    q, k, v = _inputs(B, Hq, Hkv, L, S, seed=L + S)
+    k, v = (mx.concatenate([x, mx.zeros((B, Hkv, 40, 64))], axis=2)[:, :, :S] for x in (k, v))  # cache slices
+    mask = "causal" if causal else None
+    threads = blas.blas_info()["threads"]
+    calls = []
+    real = pa._run
+    monkeypatch.setattr(pa, "_run", lambda *a: (calls.append(1), real(*a)))
+    got = att.attention(q, k, v, 0.125, mask)
+    assert calls, "the blocked path did not run"
+    assert blas.blas_info()["threads"] == threads
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=mask)
+    assert mx.abs(got - want).max().item() < 2e-5
+    with monkeypatch.context() as three:
+        three.setattr(pa, "workers", lambda: 3)  # more threads than this machine's cores
+        assert mx.array_equal(att.attention(q, k, v, 0.125, mask), got).item()
+    with host_work.one_thread():
+        assert pa.workers() == 1
+        assert mx.array_equal(att.attention(q, k, v, 0.125, mask), got).item()
+    for b in range(B):
+        alone = att.attention(q[b : b + 1], k[b : b + 1], v[b : b + 1], 0.125, mask)
+        assert mx.array_equal(alone, got[b : b + 1]).item(), f"row {b} alone differs from the batch"
+
+
+@needs_blocked
+def test_blocked_prefill_attention_skips_what_it_cannot_serve(monkeypatch):
+    """Half precision and held-off calls take the MLX path; the blocked path's blocks see
+    only the columns some row of theirs can see."""
+    q, k, v = _inputs(1, 9, 3, 200, 500)
+    assert pa.blocked_attention(q.astype(mx.float16), k.astype(mx.float16), v.astype(mx.float16), 0.125, True, 3) is None
+    with pa.suspended():
+        assert pa.blocked_attention(q, k, v, 0.125, True, 3) is None
+    blocks = pa._blocks(1, 3, 3, 200, 500, True)
+    assert len(blocks) == 3 * 3 * 2 and {(m, w) for *_, m, p0, w in blocks} == {(128, 428), (72, 500)}
+    assert {w for *_, w in pa._blocks(1, 3, 3, 200, 500, False)} == {500}
 
 
 @pytest.mark.parametrize(
@@ -116,16 +177,16 @@ def test_softmax_split_over_threads_gives_the_same_bits(monkeypatch, shape):
     import numpy as np
 
     monkeypatch.setattr(att, "SPLIT_MIN", 0)
-    monkeypatch.setattr(att, "_pools", {})  # this case's own: the assert below sees its split
-    monkeypatch.setattr(att, "_workers", lambda: 3)  # three threads even on a 2-core machine
+    monkeypatch.setattr(host_work, "_pools", {})  # this case's own: the assert below sees its split
+    monkeypatch.setattr(host_work, "workers", lambda: 3)  # three threads even on a 2-core machine
     rng = np.random.default_rng(0)
     hosts = [(rng.standard_normal(shape) * 4).astype(np.float32) for _ in range(2)]
     hosts[0].reshape(-1)[:7] = -np.inf  # hidden positions, as the causal tail writes them
     want = [h.copy() for h in hosts]
-    with att.one_thread():
+    with host_work.one_thread():
         att.softmax_in_place(want)
     att.softmax_in_place(hosts)
-    assert 3 in att._pools  # the split path ran
+    assert 3 in host_work._pools  # the split path ran
     for got, exp in zip(hosts, want):
         assert np.array_equal(got, exp)
     assert np.allclose(want[1].sum(axis=-1), 1, atol=1e-5)

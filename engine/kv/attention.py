@@ -24,15 +24,14 @@ function unchanged.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
-import threading
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import mlx.core as mx
 import numpy as np
+
+from . import host_work
+from .prefill_attention import blocked_attention
 
 # Score elements per layer (B * Hq * L * S) from which the numpy softmax is used.
 # Measured break-even: single-row decoding at 400 cached tokens (3.6k elements) costs
@@ -75,61 +74,23 @@ def _softmax_rows(x: np.ndarray, sink: np.ndarray | None = None) -> np.ndarray:
     return x
 
 
-# Score elements from which the softmax is split by rows over a few threads (numpy releases
-# the GIL in its loops). Each row gets the same operations whichever thread takes it, so the
-# bits do not change (tests/test_attention.py). Measured on a 2-core EPYC, the softmax of a
-# 512-token chunk's scores at 2k context after their matmuls: 20.4 ms a layer on one thread,
-# 11.6 on two (BENCHMARKS.md, issue 42).
+# Score elements from which the softmax is split by rows over a few threads
+# (engine/kv/host_work.py). Measured on a 2-core EPYC, the softmax of a 512-token
+# chunk's scores at 2k context after their matmuls: 20.4 ms a layer on one thread, 11.6
+# on two (BENCHMARKS.md, issue 42).
 SPLIT_MIN = 1 << 20
-THREADS_ENV = "JUMPAHEAD_SOFTMAX_THREADS"
-_pools: dict[int, ThreadPoolExecutor] = {}  # by worker count
-_local = threading.local()
-
-
-def _workers() -> int:
-    """Threads for a large softmax: JUMPAHEAD_SOFTMAX_THREADS, else the cores this process
-    may use, at most 4 (the passes are memory-bound beyond that)."""
-    if getattr(_local, "one_thread", 0):
-        return 1
-    raw = os.environ.get(THREADS_ENV, "").strip()
-    if raw.isdigit() and int(raw) > 0:
-        return int(raw)
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(4, cores))
-
-
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """The softmax on the calling thread alone while held (`bench roofline` times both)."""
-    _local.one_thread = getattr(_local, "one_thread", 0) + 1
-    try:
-        yield
-    finally:
-        _local.one_thread -= 1
 
 
 def softmax_in_place(hosts: list[np.ndarray]) -> None:
-    """_softmax_rows over each array (no sinks), split by rows over `_workers()` threads
-    where the arrays are large."""
-    n = _workers()
+    """_softmax_rows over each array (no sinks), split by rows over `host_work.workers()`
+    threads where the arrays are large."""
+    n = host_work.workers()
     if n == 1 or sum(h.size for h in hosts) < SPLIT_MIN:
         for h in hosts:
             _softmax_rows(h)
         return
-    if n not in _pools:
-        _pools[n] = ThreadPoolExecutor(max_workers=n, thread_name_prefix="jumpahead-softmax")
-    blocks = []
-    for h in hosts:
-        if not h.flags.c_contiguous:  # a reshape would copy: the rows would not land in h
-            blocks.append(h)
-            continue
-        rows = h.reshape(-1, h.shape[-1])  # a view of h's buffer
-        step = -(-rows.shape[0] // n)
-        blocks += [rows[i : i + step] for i in range(0, rows.shape[0], step)]
-    for f in [_pools[n].submit(_softmax_rows, b) for b in blocks]:
+    blocks = [b for h in hosts for b in host_work.row_blocks(h, n)]
+    for f in [host_work.pool(n).submit(_softmax_rows, b) for b in blocks]:
         f.result()
 
 
@@ -247,6 +208,10 @@ def attention(
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
     rep = Hq // Hkv
     causal = isinstance(mask, str) and mask == "causal" and L > 1
+    if (causal or mask is None) and sinks is None and rep * L >= PER_HEAD_MIN_ROWS:
+        out = blocked_attention(q, k, v, scale, causal, rep)  # engine/kv/prefill_attention.py
+        if out is not None:
+            return out
     if (causal or mask is None) and sinks is None and rep * L >= PER_HEAD_MIN_ROWS and B * Hkv > 1:
         out = _per_head(q, k, v, scale, causal, rep)
         if out is not None:

@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterator
 import mlx.core as mx
 import numpy as np
 
+from . import host_work
 from .fast_ops import _is_active
 
 ENV = "JUMPAHEAD_HOST_SWIGLU"
@@ -59,7 +60,8 @@ def host_swiglu(gate: mx.array, up: mx.array) -> mx.array:
     mx.eval(gate, up)
     g = np.asarray(gate)
     u = np.asarray(up)
-    out = np.negative(g)
+    out = host_work.scratch("swiglu", g.shape)  # mx.array copies it out below
+    np.negative(g, out=out)
     with np.errstate(over="ignore", invalid="ignore"):  # exp(-gate) is inf below -88 (silu -0 there);
         np.exp(out, out=out)                             # gate = -inf gives NaN, as MLX's does
         out += 1

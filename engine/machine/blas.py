@@ -26,6 +26,7 @@ module must run before `mlx.core` is imported; `jumpahead.engine` does so on imp
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import hashlib
@@ -36,9 +37,11 @@ import platform
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, Iterator
 
 from .home import jumpahead_home
 
@@ -361,6 +364,9 @@ def _warn(message: str) -> None:
     print(f"jumpahead: warning: {message}", file=sys.stderr)
 
 
+THREAD_TIMEOUT = "22"
+
+
 def load_optimized_blas() -> str | None:
     """Choose a BLAS this CPU can run and bind it globally (Linux). Returns its path or None."""
     global _handle
@@ -392,6 +398,14 @@ def load_optimized_blas() -> str | None:
               ". Install your distribution's OpenBLAS (Debian/Ubuntu: apt-get install libopenblas0-pthread)"
               " and see `jumpahead doctor`.")
         return None
+    # OpenBLAS reads this when it loads: its idle worker threads spin for 2^N cycles before
+    # they sleep (N=28 by default, ~0.1 s). A spinning worker holds a core that the blocked
+    # prefill attention's own threads need right after MLX's matmuls (engine/kv/
+    # prefill_attention.py): a 2k-context layer's attention took 34 ms instead of 18 about
+    # half the time, a 512-token chunk 1.49-1.64 s against 1.27-1.41 s with N=22 (~1.4 ms of
+    # spinning). Decode measured the same either way (BENCHMARKS.md, issue 42). A user's
+    # own setting wins.
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", THREAD_TIMEOUT)
     _handle = ctypes.CDLL(chosen.path, mode=ctypes.RTLD_GLOBAL)
     _state.library = Path(os.path.realpath(chosen.path)).name
     _state.path, _state.origin, _state.build, _state.speed = chosen.path, chosen.origin, chosen.build, chosen.speed
@@ -404,6 +418,20 @@ def load_optimized_blas() -> str | None:
     return chosen.path
 
 
+def _setter() -> Any:
+    """The bound library's thread-count setter (OpenBLAS, BLIS), or None."""
+    for name in ("openblas_set_num_threads", "bli_thread_set_num_threads"):
+        fn = getattr(_handle, name, None) if _handle is not None else None
+        if fn is not None:
+            fn.argtypes = [ctypes.c_int] if name.startswith("openblas") else [ctypes.c_long]
+            return fn
+    return None
+
+
+def threads_settable() -> bool:
+    return _setter() is not None
+
+
 def set_blas_threads(threads: int | None) -> int | None:
     """Set the bound library's thread count (None: all cores); warn where its build caps it."""
     if _handle is None:
@@ -413,14 +441,33 @@ def set_blas_threads(threads: int | None) -> int | None:
     if cap and want > cap:
         _warn(f"{_state.library} is built with MAX_THREADS={cap}: BLAS uses {cap} of {want} threads")
         want = cap
-    for setter in ("openblas_set_num_threads", "bli_thread_set_num_threads"):
-        fn = getattr(_handle, setter, None)
-        if fn is not None:
-            fn.argtypes = [ctypes.c_int] if setter.startswith("openblas") else [ctypes.c_long]
-            fn(want)
-            break
+    setter = _setter()
+    if setter is not None:
+        setter(want)
     _state.threads = want
     return want
+
+
+_threads_held = threading.Lock()
+
+
+@contextlib.contextmanager
+def one_thread_each() -> Iterator[None]:
+    """The bound library on one thread a call while held, for callers that run several
+    BLAS calls at once from their own threads (engine/kv/prefill_attention.py): each
+    call would otherwise start the library's own threads, more threads than cores. The
+    setting is process-wide (the versions distributions ship have no per-call one), so
+    it is held under a lock and the configured count restored after."""
+    setter = _setter()
+    if setter is None:
+        yield
+        return
+    with _threads_held:
+        setter(1)
+        try:
+            yield
+        finally:
+            setter(_state.threads or os.cpu_count() or 1)
 
 
 def blas_info() -> dict:
@@ -429,6 +476,7 @@ def blas_info() -> dict:
     return {"library": s.library, "path": s.path, "origin": s.origin, "note": s.note,
             "config": s.build.get("config"), "core": s.build.get("corename"), "threads": s.threads,
             "max_threads": s.max_threads, "gflops": s.speed.get("gflops"), "rejected": s.rejected,
+            "thread_timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT") if s.path else None,
             "warnings": s.warnings}
 
 
