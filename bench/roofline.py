@@ -70,14 +70,21 @@ their noise and can come out below zero:
   the limit).
 - `prefill`: the last 512-token chunk of the fill (B rows, ending at the context):
   tokens/s and `sgemm_floor_ms` = (2 x `prefill_linear_params` x tokens + the attention
-  matmuls' FLOPs, every query against the whole context as the kernel computes them)
-  / `mlx_sgemm_prefill_gflop_s`, with the fraction of that limit reached. The head is
-  among the prefill parameters only where the runner cannot split it off.
+  matmuls' FLOPs over the keys each query can see: the cached ones and the chunk's own
+  up to itself, not the masked half of the chunk's block) / `mlx_sgemm_prefill_gflop_s`,
+  with the fraction of that limit reached. The head is among the prefill parameters
+  only where the runner cannot split it off. `chunk_ms` is the median of three timings
+  (the fill's own and the chunk rolled back and run twice more, full-attention models);
+  `sgemm_gflop_s_after_each` is the prefill-shape sgemm rate measured right after each,
+  and `fraction_of_sgemm_limit_paired` the median of each timing against the rate of its
+  own moment (this host's speed moves by 10-20% within a run).
   `host_paths` (B=1, full-attention models): that chunk rolled back and run again, in
-  rounds interleaved: as the engine runs it (`chunk_ms`), and with numpy's swiglu held
-  off, MLX's own 32 MiB buffer cache and the softmax on one thread (`held_off_chunk_ms`;
-  engine/kv/host_swiglu.py, engine/memory.py, engine/kv/attention.py), with each one's
-  fraction of the sgemm limit and the `speedup`.
+  rounds interleaved, each arm timed after an untimed run of its own: as the engine runs
+  it (`chunk_ms`), and with numpy's swiglu held off, MLX's own 32 MiB buffer cache, the
+  row-split work on one thread and the blocked attention held off (`held_off_chunk_ms`;
+  engine/kv/host_swiglu.py, engine/memory.py, engine/kv/host_work.py,
+  engine/kv/prefill_attention.py), with each one's fraction of the sgemm limit and the
+  `speedup`.
 
 Part 3 (`served`): tokens/s of `engine.stream` (the scheduler, what users see) at B=1
 on a short chat prompt, counted as `jumpahead bench decode` counts, beside the split's

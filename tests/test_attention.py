@@ -10,6 +10,7 @@ float32 rounding, not bitwise; decoding oracles allow such near-ties (tests/orac
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 from jumpahead.engine.kv import attention as att
@@ -126,6 +127,9 @@ def test_blocked_prefill_attention(monkeypatch, B, Hq, Hkv, L, S, causal):
     for b in range(B):
         alone = att.attention(q[b : b + 1], k[b : b + 1], v[b : b + 1], 0.125, mask)
         assert mx.array_equal(alone, got[b : b + 1]).item(), f"row {b} alone differs from the batch"
+    kept = np.array(got)
+    att.attention(-q, k, v, 0.125, mask)  # the next call reuses the host scratch arrays
+    assert np.array_equal(np.array(got), kept), "a result still shared the scratch array it was computed in"
 
 
 @needs_blocked

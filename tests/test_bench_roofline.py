@@ -81,7 +81,21 @@ def test_roofline_report_adds_up(gemv: str, host: str, rows: int, tiny_model_dir
         assert run["row_gemv"] is None
     floors = run["floors"]
     assert 0 < floors["bandwidth_floor_ms"] and floors["kv_bytes"] == rows * 64 * shape["kv_bytes_per_token"]
-    assert run["prefill"]["chunk_tokens"] == 64 and run["prefill"]["tok_s"] > 0
+    pre = run["prefill"]
+    assert pre["chunk_tokens"] == 64 and pre["tok_s"] > 0
+    # the FLOPs a causal chunk needs, counted here apart: at context 64 the only chunk starts
+    # at 0, so query i sees i + 1 keys (64 * 65 / 2 in all), not 64 each
+    hq, _, d = split["attention_heads"]
+    assert pre["chunk_start"] == 0
+    attention = 4 * rows * hq * d * split["attention_layers"] * (64 * 65 // 2)
+    flop = 2 * shape["prefill_linear_params"] * 64 * rows + attention
+    assert abs(pre["attention_gflop"] - attention / 1e9) <= 1e-3 and abs(pre["gflop"] - flop / 1e9) <= 1e-3
+    # three timings (the fill's and two reruns), the median reported, each against the rate after it
+    samples, rates = pre["chunk_ms_samples"], pre["sgemm_gflop_s_after_each"]
+    assert len(samples) == len(rates) == 3 and min(rates) > 0
+    assert pre["chunk_ms"] == sorted(samples)[1]
+    paired = sorted(flop / (r * 1e9) / (c / 1e3) for r, c in zip(rates, samples))[1]
+    assert abs(pre["fraction_of_sgemm_limit_paired"] - paired) <= 0.01 * paired + 1e-3
     # B=1: the chunk again, rolled back, with numpy's swiglu and the buffer cache held off, interleaved
     host = run["prefill"]["host_paths"]
     if rows > 1:

@@ -260,3 +260,46 @@ def test_examine_applies_the_row_verdict_to_the_real_probe(tmp_path, monkeypatch
         assert strict.accepted
     else:
         assert not strict.accepted and strict.reason.startswith("not row-consistent: row ")
+
+
+SPIN_CODE = """
+import json, resource, time
+import jumpahead.engine
+import mlx.core as mx
+from jumpahead.engine.machine.blas import blas_info
+a = mx.random.normal((512, 576)); w = mx.random.normal((1536, 576)); mx.eval(a, w)
+spun = []
+for _ in range(5):
+    mx.eval(a @ w.T)  # a threaded sgemm: the library's workers then idle
+    t0 = resource.getrusage(resource.RUSAGE_SELF).ru_utime
+    time.sleep(0.05)  # this thread sleeps; any CPU time now is the idle workers spinning
+    spun.append(resource.getrusage(resource.RUSAGE_SELF).ru_utime - t0)
+print(json.dumps({"info": blas_info(), "spun_s": sorted(spun)[2]}))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the BLAS choice is Linux-only")
+@pytest.mark.parametrize("users", [None, "30"])
+def test_openblas_idle_workers_sleep_soon_unless_the_user_says_otherwise(users, tmp_path):
+    """The engine loads OpenBLAS with OPENBLAS_THREAD_TIMEOUT=22 (engine/machine/blas.py):
+    measured by what it is for, the CPU time the library's idle workers burn while the
+    calling thread sleeps 50 ms after a threaded sgemm (the blocked prefill attention's
+    threads need those cores); a user's own value is kept and read by the library."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_THREAD_TIMEOUT", "OPENBLAS_NUM_THREADS",
+                                                             "JUMPAHEAD_BLAS_THREADS")}
+    if users:
+        env["OPENBLAS_THREAD_TIMEOUT"] = users
+    done = subprocess.run([sys.executable, "-c", SPIN_CODE], capture_output=True, text=True, env=env, timeout=300,
+                          cwd=Path(__file__).parent)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    info = out["info"]
+    if not info["path"] or "openblas" not in (info["library"] or "").lower() or (info["threads"] or 1) < 2:
+        pytest.skip(f"needs a threaded OpenBLAS bound (bound: {info['library']}, threads {info['threads']})")
+    assert info["thread_timeout"] == (users or blas.THREAD_TIMEOUT)
+    # measured here (2 cores, OpenBLAS 0.3.21): 22 -> 1.4 ms of the 50 ms, 28 (the library's
+    # default) 3-11 ms, 30 -> 54 ms (a worker spins through the whole sleep)
+    if users:
+        assert out["spun_s"] > 0.025, out
+    else:
+        assert out["spun_s"] < 0.008, out

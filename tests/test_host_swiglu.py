@@ -76,12 +76,15 @@ def test_tiny_model_decodes_as_with_mlx_swiglu(tiny_model_dir, monkeypatch) -> N
 
 
 def test_a_row_gets_the_same_bits_alone_and_batched() -> None:
-    """Elementwise: a row's result does not depend on the rows beside it (sgemm's does)."""
+    """Elementwise: a row's result does not depend on the rows beside it (sgemm's does);
+    and a result is its own copy, not the scratch array the next call reuses."""
     gate, up = mx.random.normal((4, 7, 96)) * 3, mx.random.normal((4, 7, 96))
     batched = host_swiglu.host_swiglu(gate, up)
+    kept = np.array(batched)
     for b in range(4):
         alone = host_swiglu.host_swiglu(gate[b : b + 1, -1:], up[b : b + 1, -1:])
         assert mx.array_equal(alone, batched[b : b + 1, -1:]).item()
+    assert np.array_equal(np.array(batched), kept)
 
 
 def test_verification_refuses_a_result_off_by_more_than_the_allowed_ulps(monkeypatch) -> None:
