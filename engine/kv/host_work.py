@@ -64,6 +64,7 @@ def row_blocks(a: np.ndarray, n: int) -> list[np.ndarray]:
 
 
 _scratch = threading.local()
+SCRATCH_MAX = 64 << 20  # a 30k-context prefill of the default model keeps ~56 MB in all
 
 
 def scratch(name: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -73,13 +74,17 @@ def scratch(name: str, shape: tuple[int, ...]) -> np.ndarray:
     the fixed mmap threshold the engine sets (engine/memory.py), a fresh array of a few
     MB is a fresh mmap whose pages fault in and are zeroed on first write. Measured in the
     serving process: numpy's swiglu over a 512 x 1536 chunk 1.86 ms with a fresh output,
-    0.61 ms with a reused one (BENCHMARKS.md, issue 42). Grows to the largest size asked."""
+    0.61 ms with a reused one (BENCHMARKS.md, issue 42). Kept up to SCRATCH_MAX bytes a
+    name (what a long context's rare large call asks is allocated anew: its page faults are
+    small beside its arithmetic, and the memory goes back)."""
     held = getattr(_scratch, "arrays", None)
     if held is None:
         held = _scratch.arrays = {}
     n = 1
     for d in shape:
         n *= d
+    if 4 * n > SCRATCH_MAX:
+        return np.empty(shape, np.float32)
     buf = held.get(name)
     if buf is None or buf.size < n:
         buf = held[name] = np.empty(n, np.float32)

@@ -52,7 +52,6 @@ from . import host_work
 BLOCK = 128
 
 _off = threading.local()
-_buffers = threading.local()  # each worker's own scores buffer, reused across calls
 
 
 class suspended:
@@ -65,24 +64,10 @@ class suspended:
         _off.n -= 1
 
 
-def _scores(m: int, n: int) -> np.ndarray:
-    buf = getattr(_buffers, "buf", None)
-    if buf is None or buf.size < m * n:
-        buf = _buffers.buf = np.empty(max(m * n, 1 << 18), np.float32)
-    return buf[: m * n].reshape(m, n)
-
-
 @functools.lru_cache(maxsize=8)
 def _hidden(L: int) -> np.ndarray:
     """[L, L] True above the diagonal: the chunk's own keys a causal query does not see."""
     return np.triu(np.ones((L, L), dtype=bool), 1)
-
-
-def _outputs(m: int, n: int) -> np.ndarray:
-    buf = getattr(_buffers, "out", None)
-    if buf is None or buf.size < m * n:
-        buf = _buffers.out = np.empty(m * n, np.float32)
-    return buf[: m * n].reshape(m, n)
 
 
 def _blocks(B: int, Hkv: int, rep: int, L: int, S: int, causal: bool) -> list[tuple[int, int, int, int, int, int]]:
@@ -108,7 +93,7 @@ def _run(jobs: list, taken: Iterator[int], q: np.ndarray, k: np.ndarray, v1: np.
         if i >= len(jobs):
             return
         b, h, row, m, p0, w = jobs[i]
-        s = _scores(m, w)
+        s = host_work.scratch("attention_scores", (m, w))  # this worker's own, in its cache
         qh, kh, vh = q[b, h, row:], k[b, h], v1[b, h]
         cb.gemm(RowMajor, NoTrans, Trans, m, w, D, 1.0, qh.ctypes.data, D, kh.ctypes.data, D, 0.0, s.ctypes.data, w)
         if causal:  # position p0 + i sees columns <= S - L + p0 + i; the block's last sees all w
@@ -118,7 +103,7 @@ def _run(jobs: list, taken: Iterator[int], q: np.ndarray, k: np.ndarray, v1: np.
         # the values carry a column of ones: one sgemm gives each row's weighted sum and its
         # total, and the m x Dv sums are divided instead of the m x w weights (two passes
         # over the scores fewer than attention.py's `_softmax_rows`)
-        o = _outputs(m, Dv + 1)
+        o = host_work.scratch("attention_sums", (m, Dv + 1))
         cb.gemm(RowMajor, NoTrans, NoTrans, m, Dv + 1, w, 1.0, s.ctypes.data, w, vh.ctypes.data, Dv + 1, 0.0,
                 o.ctypes.data, Dv + 1)
         np.divide(o[:, :Dv], o[:, Dv:], out=out[b, h, row : row + m])
