@@ -64,7 +64,7 @@ def row_blocks(a: np.ndarray, n: int) -> list[np.ndarray]:
 
 
 _scratch = threading.local()
-SCRATCH_MAX = 64 << 20  # a 30k-context prefill of the default model keeps ~56 MB in all
+SCRATCH_MAX = 64 << 20  # a 30k-context prefill of the default model keeps ~60 MB in all
 
 
 def scratch(name: str, shape: tuple[int, ...]) -> np.ndarray:
