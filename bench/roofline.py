@@ -117,7 +117,7 @@ from mlx.utils import tree_flatten
 
 from jumpahead.engine.kv import attention as attention_mod
 from jumpahead.engine import memory
-from jumpahead.engine.kv import fast_ops, host_swiglu, prefill_attention, row_gemv, host_work
+from jumpahead.engine.kv import fast_ops, host_swiglu, host_work, prefill_attention, row_gemv
 from jumpahead.engine.machine import blas
 from jumpahead.engine.machine.cblas import bound_cblas
 from jumpahead.engine.kv.cache_layout import CHUNKED, FULL, LIST, SLIDING
@@ -484,9 +484,8 @@ def measure_run(engine: Any, rows: int, context: int, steps: int, machine: dict[
         mx.eval(cache.arrays())
         chunk_s, chunk_start = time.perf_counter() - t0, s
     width = context - chunk_start
-    # one timing moves by 20% on this kind of host: the last chunk twice more, the median of three
-    # and the host's speed moves too: the sgemm rate is measured again right after each
-    # timing, and each timing is set against the limit of its own moment
+    # one timing moves by 20% on this kind of host: the last chunk twice more, the median of
+    # three; and the sgemm rate measured right after each, each timing against its own moment's
     chunk_samples, rates = [chunk_s], [sgemm_rate(3)]
     for _ in range(2 if _rerunnable(runner) else 0):
         chunk_samples.append(_rerun(runner, cache, prompt[chunk_start:], rows))
@@ -683,7 +682,8 @@ def measure_run(engine: Any, rows: int, context: int, steps: int, machine: dict[
         },
         "prefill": {
             "rows": rows, "chunk_tokens": width, "chunk_start": chunk_start,
-            "chunk_ms": _r(chunk_s * 1e3), "chunk_ms_samples": [_r(x * 1e3) for x in chunk_samples], "tok_s": _r(tokens_in_chunk / chunk_s, 1),
+            "chunk_ms": _r(chunk_s * 1e3), "chunk_ms_samples": [_r(x * 1e3) for x in chunk_samples],
+            "tok_s": _r(tokens_in_chunk / chunk_s, 1),
             "gflop": _r(flop / 1e9, 3), "attention_gflop": _r(attn_flop / 1e9, 3),
             "gflop_s": _r(flop / chunk_s / 1e9, 1),
             "sgemm_floor_ms": _r(sgemm_floor), "fraction_of_sgemm_limit": _r(sgemm_floor / (chunk_s * 1e3)),

@@ -72,14 +72,14 @@ def test_per_head_path_is_bit_identical_to_the_batched_one(monkeypatch, B, Hq, H
     """The prefill path through MLX (2D matmuls per key head; where the blocked path
     does not serve) gives the very bits of the batched path, and both match MLX's kernel."""
     monkeypatch.setattr(att, "NUMPY_MIN", 0)
-    monkeypatch.setattr(pa._off, "n", 1, raising=False)  # the blocked path held off on this thread
     q, k, v = _inputs(B, Hq, Hkv, L, S, seed=L)
-    monkeypatch.setattr(att, "PER_HEAD_MIN_ROWS", 10**9)
-    batched = att.attention(q, k, v, 0.125, "causal")
-    monkeypatch.setattr(att, "PER_HEAD_MIN_ROWS", 1)
-    per_head = att._per_head(q, k, v, 0.125, True, Hq // Hkv)
-    assert per_head is not None  # the path ran (its buffers were writable in place)
-    got = att.attention(q, k, v, 0.125, "causal")
+    with pa.suspended():  # the blocked path held off on this thread
+        monkeypatch.setattr(att, "PER_HEAD_MIN_ROWS", 10**9)
+        batched = att.attention(q, k, v, 0.125, "causal")
+        monkeypatch.setattr(att, "PER_HEAD_MIN_ROWS", 1)
+        per_head = att._per_head(q, k, v, 0.125, True, Hq // Hkv)
+        assert per_head is not None  # the path ran (its buffers were writable in place)
+        got = att.attention(q, k, v, 0.125, "causal")
     assert mx.array_equal(per_head, batched).item() and mx.array_equal(got, batched).item()
     want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal")
     assert mx.abs(got - want).max().item() < 2e-5

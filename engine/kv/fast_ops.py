@@ -27,34 +27,29 @@ compile the whole step because the attention's key length changes every token.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
 import weakref
 from typing import Any, Callable, Iterator
 
 import mlx.core as mx
 import mlx.nn as nn
 
+from .held import Held
+
 log = logging.getLogger("jumpahead.engine")
 
 MIN_TABLE = 4096  # positions a RoPE table starts with; it doubles as contexts need
 
-_local = threading.local()
+_active = Held()
 
 
-@contextlib.contextmanager
-def active() -> Iterator[None]:
+def active() -> Held:
     """The engine's forwards: substituted modules take their fast path inside."""
-    _local.depth = getattr(_local, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _local.depth -= 1
+    return _active
 
 
 def _is_active() -> bool:
-    return getattr(_local, "depth", 0) > 0
+    return _active.on
 
 
 class RowStart(int):

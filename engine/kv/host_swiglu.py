@@ -24,15 +24,14 @@ where MLX has them; otherwise nothing is routed and `/health` (`layers.swiglu`) 
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import mlx.core as mx
 import numpy as np
 
 from . import host_work
+from .held import Held
 from .fast_ops import _is_active
 
 ENV = "JUMPAHEAD_HOST_SWIGLU"
@@ -42,17 +41,12 @@ MAX_ULPS = 64
 TINY = 1e-30
 
 
-_local = threading.local()
+_off = Held()
 
 
-@contextlib.contextmanager
-def suspended() -> Iterator[None]:
+def suspended() -> Held:
     """MLX's own swiglu while held (`bench roofline` times a prefill chunk both ways)."""
-    _local.off = getattr(_local, "off", 0) + 1
-    try:
-        yield
-    finally:
-        _local.off -= 1
+    return _off
 
 
 def host_swiglu(gate: mx.array, up: mx.array) -> mx.array:
@@ -77,7 +71,7 @@ def _host_ok(gate: Any, up: Any) -> bool:
 
 def _routed(original: Callable) -> Callable:
     def swiglu(gate: mx.array, up: mx.array) -> mx.array:
-        if _is_active() and not getattr(_local, "off", 0) and _host_ok(gate, up):
+        if _is_active() and not _off.on and _host_ok(gate, up):
             try:
                 return host_swiglu(gate, up)
             except ValueError:  # inside a function transformation (mx.compile, vmap): no eval there

@@ -9,23 +9,23 @@ same operations whichever thread takes it, so a split never changes a result's b
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator
 
 import numpy as np
 
+from .held import Held
+
 THREADS_ENV = "JUMPAHEAD_SOFTMAX_THREADS"
 _pools: dict[int, ThreadPoolExecutor] = {}  # by worker count
-_local = threading.local()
+_one = Held()
 
 
 def workers() -> int:
     """JUMPAHEAD_SOFTMAX_THREADS, else the cores this process may use, at most 4 (the
     passes are memory-bound beyond that); 1 under `one_thread`."""
-    if getattr(_local, "one_thread", 0):
+    if _one.on:
         return 1
     raw = os.environ.get(THREADS_ENV, "").strip()
     if raw.isdigit() and int(raw) > 0:
@@ -37,14 +37,9 @@ def workers() -> int:
     return max(1, min(4, cores))
 
 
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
+def one_thread() -> Held:
     """Everything here on the calling thread alone while held (`bench roofline` times both)."""
-    _local.one_thread = getattr(_local, "one_thread", 0) + 1
-    try:
-        yield
-    finally:
-        _local.one_thread -= 1
+    return _one
 
 
 def pool(n: int) -> ThreadPoolExecutor:

@@ -14,8 +14,9 @@ columns some row of the block can see (the bound BLAS MLX itself calls;
 engine/machine/cblas.py), the causal triangle of that block set to -inf, the same
 numpy softmax's max and exp (attention.py `_softmax_rows`), one `cblas_sgemm` by the
 values with a column of ones joined (so their weighted sums and the weights' totals
-come out together), the sums divided by the totals. The blocks are split over the cores, the BLAS on one thread each
-while they run (engine/machine/blas.py `one_thread_each`). MLX has no fused CPU
+come out together), the sums divided by the totals. The blocks are split over the
+cores, the BLAS on one thread each while they run (engine/machine/blas.py
+`one_thread_each`). MLX has no fused CPU
 attention to call instead (mx.fast.scaled_dot_product_attention composes the same
 ops on the CPU), and its graph cannot express "only these columns for these rows"
 without a slice and a copy per block.
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import threading
 from concurrent.futures import wait
 from typing import Iterator
 
@@ -44,6 +44,7 @@ import numpy as np
 from ..machine import blas
 from ..machine.cblas import NoTrans, RowMajor, Trans, bound_cblas
 from . import host_work
+from .held import Held
 
 # Query rows per block: 128 rows x 2048 keys is 1 MB of scores, one core's L2 here.
 # Measured at 2k context, one layer (9 query / 3 key heads, 512-token chunk), two
@@ -51,17 +52,12 @@ from . import host_work
 # host); 128 keeps the scores in L2 at 2k and in L3 to ~16k keys.
 BLOCK = 128
 
-_off = threading.local()
+_off = Held()
 
 
-class suspended:
+def suspended() -> Held:
     """MLX's composed path while held, on this thread (`bench roofline` times a chunk both ways)."""
-
-    def __enter__(self) -> None:
-        _off.n = getattr(_off, "n", 0) + 1
-
-    def __exit__(self, *exc: object) -> None:
-        _off.n -= 1
+    return _off
 
 
 @functools.lru_cache(maxsize=8)
@@ -140,7 +136,7 @@ def blocked_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, causa
     """softmax(q k^T * scale [+ causal mask]) v for uniform rows (each row's L queries at
     its last L positions of S), q [B, Hq, L, D], k/v [B, Hkv, S, D]; None where this
     does not serve (module docstring)."""
-    if getattr(_off, "n", 0) or not serves():
+    if _off.on or not serves():
         return None
     if not (q.dtype == k.dtype == v.dtype == mx.float32):
         return None

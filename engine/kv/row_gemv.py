@@ -25,9 +25,7 @@ Otherwise nothing is installed and `/health` (`layers.row_gemv`) says why.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
 import time
 from typing import Any, Callable, Iterator
 
@@ -37,6 +35,7 @@ import numpy as np
 
 from ..machine.cblas import Cblas, bound_cblas
 from .fast_ops import _StandIn, _children, _is_active, active
+from .held import Held
 
 ENV = "JUMPAHEAD_ROW_GEMV"
 # installed only where the one-row sgemv pass is at least this much faster (timings are noisy)
@@ -44,22 +43,17 @@ MIN_GAIN = 1.1
 TIMING_ROUNDS = 3
 U = 2.0 ** -24  # float32 unit roundoff
 
-_local = threading.local()
+_off = Held()
 
 
-@contextlib.contextmanager
-def suspended() -> Iterator[None]:
+def suspended() -> Held:
     """MLX's matmul for every row while held (`bench roofline` counts the graph a
     forward builds when nothing evaluates inside it)."""
-    _local.off = getattr(_local, "off", 0) + 1
-    try:
-        yield
-    finally:
-        _local.off -= 1
+    return _off
 
 
 def _on() -> bool:
-    return _is_active() and not getattr(_local, "off", 0)
+    return _is_active() and not _off.on
 
 
 class RowWeights:
